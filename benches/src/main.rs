@@ -1,0 +1,315 @@
+//! `weir-bench`: the benchmarks behind BENCHMARKS.md. Benchmarks, not timed
+//! tests: they run by hand on a release build and print medians.
+//!
+//! `weir-bench pipeline --input DIR [--runs N] [--work DIR]` runs
+//! files → JSON decode → filter (Wasm plugin, then the same filter native)
+//! → Parquet, each run in its own child process so that CPU seconds and
+//! peak RSS are the child's own (wait4), and measures the time from starting
+//! `weir run` to the first batch starting.
+
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark reports on the terminal"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use arrow_array::{RecordBatch, Scalar, StringArray};
+use arrow_schema::SchemaRef;
+use weir_host::operator::{BatchTransform, TransformError};
+use weir_host::plugin::BatchInfo;
+use weir_host::query::{Query, QueryOptions};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let result = match args.get(1).map(String::as_str) {
+        Some("pipeline") => pipeline(&args[2..]),
+        Some("run-variant") => run_variant(&args[2..]),
+        Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
+        _ => Err(anyhow::anyhow!(
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR]"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// One measured child run.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    wall: Duration,
+    cpu: Duration,
+    max_rss_kb: i64,
+    rows: u64,
+}
+
+fn pipeline(args: &[String]) -> Result<()> {
+    let input =
+        PathBuf::from(flag(args, "--input").context("--input DIR (orders from gen_orders.py)")?);
+    let runs: usize = flag(args, "--runs").map_or(Ok(3), |r| r.parse())?;
+    let work = match flag(args, "--work") {
+        Some(w) => PathBuf::from(w),
+        None => std::env::temp_dir().join(format!("weir-bench-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&work)?;
+    weir_host::examples::write_plugins(&work.join("plugins"))?;
+    let cache = work.join("plugin-cache");
+    for variant in ["wasm", "native"] {
+        std::fs::write(
+            work.join(format!("{variant}.toml")),
+            pipeline_file(&input, variant),
+        )?;
+    }
+    let exe = std::env::current_exe()?;
+
+    // Warm-up: compiles the plugin into the cache, fills the page cache.
+    let _ = measure(&exe, &work, &cache, "wasm")?;
+
+    let mut samples: Vec<(&str, Sample)> = Vec::new();
+    for _ in 0..runs {
+        for variant in ["wasm", "native"] {
+            let s = measure(&exe, &work, &cache, variant)?;
+            eprintln!(
+                "{variant}: {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
+                s.rows,
+                s.wall.as_secs_f64(),
+                s.cpu.as_secs_f64(),
+                s.max_rss_kb / 1024
+            );
+            samples.push((variant, s));
+        }
+    }
+    let mut startups = Vec::new();
+    for _ in 0..runs.max(3) {
+        startups.push(startup(&exe, &work, &cache)?);
+    }
+
+    println!(
+        "| variant | runs | rows | wall s (median) | CPU s (median) | rows per CPU-second | rows/s wall | peak RSS MB (max) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut per_cpu = Vec::new();
+    for variant in ["wasm", "native"] {
+        let of: Vec<Sample> = samples
+            .iter()
+            .filter(|(v, _)| *v == variant)
+            .map(|(_, s)| *s)
+            .collect();
+        let rows = of[0].rows;
+        let wall = median(of.iter().map(|s| s.wall.as_secs_f64()).collect());
+        let cpu = median(of.iter().map(|s| s.cpu.as_secs_f64()).collect());
+        let rss = of.iter().map(|s| s.max_rss_kb).max().unwrap_or(0) / 1024;
+        per_cpu.push(cpu);
+        println!(
+            "| {variant} | {} | {rows} | {wall:.3} | {cpu:.3} | {:.0} | {:.0} | {rss} |",
+            of.len(),
+            rows as f64 / cpu,
+            rows as f64 / wall
+        );
+    }
+    println!();
+    println!(
+        "Wasm/native CPU ratio (median): {:.3}",
+        per_cpu[0] / per_cpu[1]
+    );
+    println!(
+        "time from `weir run` to the first batch starting (plugin cached), median of {}: {:.1} ms",
+        startups.len(),
+        median(startups.iter().map(|d| d.as_secs_f64() * 1000.0).collect())
+    );
+    Ok(())
+}
+
+fn pipeline_file(input: &Path, variant: &str) -> String {
+    let transform = if variant == "wasm" {
+        "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"[query]
+name = "bench_{variant}"
+checkpoint = "checkpoints/{variant}"
+trigger = "available-now"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "{}"
+format = "json"
+schema = "{}"
+max_files_per_trigger = 1
+
+{transform}
+[sink]
+kind = "files"
+path = "out/{variant}"
+format = "parquet"
+"#,
+        input.display(),
+        weir_host::examples::ORDERS_SCHEMA
+    )
+}
+
+fn fresh(work: &Path, variant: &str) -> Result<()> {
+    for dir in [
+        work.join("checkpoints").join(variant),
+        work.join("out").join(variant),
+    ] {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one variant in a child process and takes its own rusage.
+fn measure(exe: &Path, work: &Path, cache: &Path, variant: &str) -> Result<Sample> {
+    fresh(work, variant)?;
+    let started = Instant::now();
+    let child = Command::new(exe)
+        .arg("run-variant")
+        .arg(variant)
+        .arg(work.join(format!("{variant}.toml")))
+        .arg(cache)
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let pid = i32::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = started.elapsed();
+    if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("{variant} run failed (status {status})");
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout {
+        std::io::Read::read_to_string(&mut stdout, &mut out)?;
+    }
+    let summary: serde_json::Value = serde_json::from_str(out.trim())?;
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    Ok(Sample {
+        wall,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+        max_rss_kb: usage.ru_maxrss,
+        rows: summary["input_rows"].as_u64().unwrap_or(0),
+    })
+}
+
+/// Child: runs one variant and prints its summary as JSON.
+fn run_variant(args: &[String]) -> Result<()> {
+    let [variant, file, cache] = args else {
+        bail!("run-variant VARIANT FILE CACHE");
+    };
+    let spec = weir_host::spec::load(Path::new(file), &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut options = QueryOptions {
+        cache_dir: Some(PathBuf::from(cache)),
+        ..QueryOptions::default()
+    };
+    if variant == "native" {
+        options
+            .extra_transforms
+            .push(Box::new(|schema: &SchemaRef| {
+                Box::new(NativeFilter::new(Arc::clone(schema))) as Box<dyn BatchTransform>
+            }));
+    }
+    let summary = Query::start(spec, options)?.run()?;
+    println!(
+        "{}",
+        serde_json::json!({"batches": summary.batches, "input_rows": summary.input_rows, "output_rows": summary.output_rows})
+    );
+    Ok(())
+}
+
+/// Time from spawning `weir run` to its first batch starting.
+fn startup(exe: &Path, work: &Path, cache: &Path) -> Result<Duration> {
+    fresh(work, "wasm")?;
+    let started = Instant::now();
+    let mut child = Command::new(exe)
+        .args(["cli", "run"])
+        .arg(work.join("wasm.toml"))
+        .arg("--cache-dir")
+        .arg(cache)
+        .env("WEIR_LOG", "warn,weir_host::query=debug")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let mut first = None;
+    for line in BufReader::new(stderr).lines() {
+        if line?.contains("starting batch") && first.is_none() {
+            first = Some(started.elapsed());
+            let _ = child.kill();
+        }
+    }
+    let _ = child.wait();
+    first.context("the query never started a batch")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The benchmark's filter done natively with Arrow kernels, for the ratio.
+struct NativeFilter {
+    schema: SchemaRef,
+    column: usize,
+    completed: Scalar<StringArray>,
+}
+
+impl NativeFilter {
+    fn new(schema: SchemaRef) -> Self {
+        let column = schema.index_of("status").unwrap_or(0);
+        Self {
+            schema,
+            column,
+            completed: Scalar::new(StringArray::from(vec!["completed"])),
+        }
+    }
+}
+
+impl BatchTransform for NativeFilter {
+    fn name(&self) -> &str {
+        "native_filter"
+    }
+
+    fn output_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn process(
+        &mut self,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<RecordBatch, TransformError> {
+        let err = |e: arrow_schema::ArrowError| TransformError::Native {
+            name: "native_filter".into(),
+            batch_id: info.batch_id,
+            message: e.to_string(),
+        };
+        let mask = arrow_ord::cmp::eq(batch.column(self.column), &self.completed).map_err(err)?;
+        arrow_select::filter::filter_record_batch(batch, &mask).map_err(err)
+    }
+}

@@ -1,0 +1,241 @@
+//! Numbered entry logs: `offsets/`, `commits/` and `sources/<i>/`.
+//!
+//! Why it exists: the three logs share one discipline (entry N is written once, atomically, in
+//! Spark's `v1` format, and is checked on read) and differ only in payload.
+
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{CheckpointError, fsio};
+
+/// The first line of every entry.
+const VERSION_LINE: &[u8] = b"v1";
+
+/// One directory of numbered entries inside an open [`super::Checkpoint`].
+///
+/// Borrowing the checkpoint ties the log to the lock: entries are written only while it is held.
+#[derive(Debug, Clone)]
+pub struct BatchLog<'a> {
+    dir: PathBuf,
+    _checkpoint: PhantomData<&'a super::Checkpoint>,
+}
+
+impl BatchLog<'_> {
+    pub(super) fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            _checkpoint: PhantomData,
+        }
+    }
+
+    /// The directory of this log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn entry_path(&self, n: u64) -> PathBuf {
+        self.dir.join(n.to_string())
+    }
+
+    /// The highest batch id present, `None` when the log is empty or does not exist yet.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] when the directory cannot be listed.
+    pub fn latest(&self) -> Result<Option<u64>, CheckpointError> {
+        Ok(self.ids()?.last().copied())
+    }
+
+    /// All batch ids present, ascending. Names that are not a canonical decimal number (temporary
+    /// files, `012`, anything else) are ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] when the directory cannot be listed.
+    pub fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(CheckpointError::io(&self.dir, "list", e)),
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| CheckpointError::io(&self.dir, "list", e))?;
+            if let Some(n) = entry.file_name().to_str().and_then(parse_entry_name) {
+                ids.push(n);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Reads entry `n`, `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Corrupt`] naming the file when it is empty, truncated, of another
+    /// version, not JSON or not of type `T`; [`CheckpointError::Io`] when it cannot be read.
+    pub fn get<T: DeserializeOwned>(&self, n: u64) -> Result<Option<T>, CheckpointError> {
+        let path = self.entry_path(n);
+        match std::fs::read(&path) {
+            Ok(bytes) => parse_entry(&path, &bytes).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CheckpointError::io(&path, "read", e)),
+        }
+    }
+
+    /// Writes entry `n` atomically. Writing the same value again (a replayed batch) is a no-op.
+    ///
+    /// The existence check and the rename are not one atomic step; that is sound because the
+    /// checkpoint lock admits one writer.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Conflict`] naming the file when entry `n` exists with a different value,
+    /// [`CheckpointError::Corrupt`] when the existing entry is damaged, [`CheckpointError::Encode`]
+    /// or [`CheckpointError::Io`] when the entry cannot be written.
+    pub fn put<T: Serialize>(&self, n: u64, value: &T) -> Result<(), CheckpointError> {
+        let path = self.entry_path(n);
+        let mut bytes = Vec::with_capacity(128);
+        bytes.extend_from_slice(VERSION_LINE);
+        bytes.push(b'\n');
+        serde_json::to_writer(&mut bytes, value).map_err(|source| CheckpointError::Encode {
+            file: path.clone(),
+            source,
+        })?;
+        bytes.push(b'\n');
+        match std::fs::read(&path) {
+            Ok(existing) => {
+                if existing == bytes {
+                    return Ok(());
+                }
+                // Same value with another key order (e.g. from a map) is the same entry.
+                let old: serde_json::Value = parse_entry(&path, &existing)?;
+                let new: serde_json::Value = parse_entry(&path, &bytes)?;
+                if old == new {
+                    return Ok(());
+                }
+                Err(CheckpointError::Conflict {
+                    file: path,
+                    batch: n,
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fsio::write_atomically(&path, &bytes)
+            }
+            Err(e) => Err(CheckpointError::io(&path, "read", e)),
+        }
+    }
+
+    /// Deletes entry `n` if it exists (an entry written for a batch that was
+    /// never planned, found after a crash).
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] naming the entry that could not be deleted.
+    pub fn remove(&self, n: u64) -> Result<(), CheckpointError> {
+        let path = self.entry_path(n);
+        match std::fs::remove_file(&path) {
+            Ok(()) => fsio::sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CheckpointError::io(&path, "delete", e)),
+        }
+    }
+
+    /// Deletes every entry with an id below `n` and returns how many were deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] naming the entry that could not be deleted.
+    pub fn purge_before(&self, n: u64) -> Result<usize, CheckpointError> {
+        let mut deleted = 0;
+        for id in self.ids()?.into_iter().take_while(|&id| id < n) {
+            let path = self.entry_path(id);
+            match std::fs::remove_file(&path) {
+                Ok(()) => deleted += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(CheckpointError::io(&path, "delete", e)),
+            }
+        }
+        if deleted > 0 {
+            fsio::sync_dir(&self.dir)?;
+        }
+        Ok(deleted)
+    }
+}
+
+/// `Some(n)` for a canonical decimal name (no sign, no leading zero except `0` itself).
+fn parse_entry_name(name: &str) -> Option<u64> {
+    let canonical = !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_digit())
+        && (name == "0" || !name.starts_with('0'));
+    if canonical { name.parse().ok() } else { None }
+}
+
+fn parse_entry<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, CheckpointError> {
+    if bytes.is_empty() {
+        return Err(CheckpointError::corrupt(path, "the file is empty"));
+    }
+    let Some(eol) = bytes.iter().position(|&b| b == b'\n') else {
+        return Err(CheckpointError::corrupt(
+            path,
+            "the file is truncated (no newline after the version line)",
+        ));
+    };
+    let version = &bytes[..eol];
+    if version != VERSION_LINE {
+        let is_version =
+            version.len() > 1 && version[0] == b'v' && version[1..].iter().all(u8::is_ascii_digit);
+        let reason = if is_version {
+            format!(
+                "the entry is in format {} but this build reads only v1",
+                String::from_utf8_lossy(version)
+            )
+        } else {
+            "the file does not start with the version line `v1`".to_owned()
+        };
+        return Err(CheckpointError::corrupt(path, reason));
+    }
+    let body = &bytes[eol + 1..];
+    let Some(body) = body.strip_suffix(b"\n") else {
+        return Err(CheckpointError::corrupt(
+            path,
+            "the file is truncated (no final newline)",
+        ));
+    };
+    serde_json::from_slice(body).map_err(|e| {
+        let reason = if e.is_data() {
+            format!("the entry does not have the expected form (line 2 of the file): {e}")
+        } else {
+            format!("invalid JSON on line 2 of the file: {e}")
+        };
+        CheckpointError::corrupt(path, reason)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_entry_name;
+
+    #[test]
+    fn entry_names() {
+        assert_eq!(parse_entry_name("0"), Some(0));
+        assert_eq!(parse_entry_name("17"), Some(17));
+        assert_eq!(parse_entry_name("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "",
+            "+1",
+            "01",
+            ".1.tmp",
+            "1.tmp",
+            "-1",
+            "18446744073709551616",
+            "x",
+        ] {
+            assert_eq!(parse_entry_name(bad), None, "{bad}");
+        }
+    }
+}

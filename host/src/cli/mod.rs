@@ -1,0 +1,260 @@
+//! The `weir` command line: the only place that prints for people and
+//! chooses exit codes. Everything it does is a thin layer over the library,
+//! so that programs embedding the host get the same behaviour.
+//!
+//! Exit codes: 0 done, 1 the query failed, 2 the pipeline file or the
+//! command line is invalid.
+
+mod demo;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::failpoint::Failpoint;
+use crate::query::{Query, QueryOptions, SystemClock};
+
+/// Weir: micro-batch stream processing with WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "weir", version)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// Where compiled plugins are cached (default: $WEIR_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/weir/plugins, else ~/.cache/weir/plugins).
+    #[arg(long, global = true)]
+    cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the query of a pipeline file.
+    Run {
+        /// The pipeline file (TOML).
+        file: PathBuf,
+        /// Override a key of the file, e.g. `--set source.orders.path=/data`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Crash injection for recovery tests: PHASE@BATCH.
+        #[arg(long, hide = true)]
+        failpoint: Option<Failpoint>,
+    },
+    /// Check a pipeline file and print every problem at once.
+    Validate {
+        file: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Look into a query's checkpoint.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
+    /// Generate sample orders and run a pipeline with a Wasm transform and a
+    /// Wasm foreachBatch sink on them (no server, no setup).
+    Demo {
+        /// Where to put the data, plugins, pipeline, checkpoint and output
+        /// (default: a new temporary folder, kept and printed).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// How many files of orders to generate.
+        #[arg(long, default_value_t = 5)]
+        files: usize,
+        /// Lines per file.
+        #[arg(long, default_value_t = 2_000)]
+        lines: usize,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CheckpointCommand {
+    /// Show the offsets, commits and last progress of a checkpoint.
+    Inspect { dir: PathBuf },
+}
+
+/// Runs the command line of this process and returns its exit code.
+pub fn main() -> ExitCode {
+    main_from(std::env::args_os())
+}
+
+/// Runs the command line given by `args` (the first one is the program name).
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    init_logging(cli.log_format);
+    let cache_dir = cli.cache_dir.or_else(default_cache_dir);
+    match cli.command {
+        Command::Run {
+            file,
+            overrides,
+            failpoint,
+        } => run(&file, &overrides, cache_dir, failpoint),
+        Command::Validate { file, overrides } => match crate::spec::load(&file, &overrides) {
+            Ok(p) => {
+                say(&format!(
+                    "{}: ok (query {}, {} transform(s))",
+                    file.display(),
+                    p.query.name,
+                    p.transforms.len()
+                ));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                complain(&e.to_string());
+                ExitCode::from(2)
+            }
+        },
+        Command::Checkpoint {
+            command: CheckpointCommand::Inspect { dir },
+        } => match inspect(&dir) {
+            Ok(text) => {
+                say(&text);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                complain(&format!("{}: {e}", dir.display()));
+                ExitCode::from(1)
+            }
+        },
+        Command::Demo { dir, files, lines } => demo::run(dir, files, lines, cache_dir),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.compact().init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("WEIR_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("weir/plugins"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/weir/plugins"))
+}
+
+fn say(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+}
+
+fn complain(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "error: {text}");
+}
+
+/// Stops the query after the current batch on SIGINT or SIGTERM.
+fn stop_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
+            tracing::warn!("cannot watch signal {signal}: {e}");
+        }
+    }
+    stop
+}
+
+pub(crate) fn run(
+    file: &Path,
+    overrides: &[String],
+    cache_dir: Option<PathBuf>,
+    failpoint: Option<Failpoint>,
+) -> ExitCode {
+    let pipeline = match crate::spec::load(file, overrides) {
+        Ok(p) => p,
+        Err(e) => {
+            complain(&e.to_string());
+            return ExitCode::from(2);
+        }
+    };
+    let options = QueryOptions {
+        cache_dir,
+        failpoint,
+        stop: stop_flag(),
+        clock: Arc::new(SystemClock),
+        ..QueryOptions::default()
+    };
+    let name = pipeline.query.name.clone();
+    let result = Query::start(pipeline, options).and_then(|mut q| q.run());
+    match result {
+        Ok(summary) => {
+            tracing::info!(
+                query = %name,
+                batches = summary.batches,
+                input_rows = summary.input_rows,
+                output_rows = summary.output_rows,
+                malformed_rows = summary.malformed_rows,
+                "query stopped"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            complain(&format!("query {name}: {e}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A readable summary of a checkpoint, without taking its lock.
+fn inspect(dir: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    let read_entry = |path: &Path| -> std::io::Result<String> {
+        let raw = std::fs::read_to_string(path)?;
+        Ok(raw.lines().nth(1).unwrap_or("").to_owned())
+    };
+    let metadata = read_entry(&dir.join("metadata"))?;
+    text.push_str(&format!("metadata: {metadata}\n"));
+    for log in ["offsets", "commits"] {
+        let mut ids: Vec<u64> = match std::fs::read_dir(dir.join(log)) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        ids.sort_unstable();
+        match ids.last() {
+            Some(last) => {
+                let entry = read_entry(&dir.join(log).join(last.to_string()))?;
+                text.push_str(&format!(
+                    "{log}: {} entries ({}..={last}); latest {last}: {entry}\n",
+                    ids.len(),
+                    ids[0]
+                ));
+            }
+            None => text.push_str(&format!("{log}: none\n")),
+        }
+    }
+    if let Ok(progress) = std::fs::read_to_string(dir.join("progress.jsonl"))
+        && let Some(last) = progress.lines().last()
+    {
+        text.push_str(&format!("last progress: {last}\n"));
+    }
+    Ok(text)
+}

@@ -1,0 +1,570 @@
+//! Decoding input files (JSON lines or CSV) into Arrow record batches of a declared schema.
+//!
+//! This is the engine's hot path: every input row passes through it once, so it is a
+//! hand-written scanner appending into plain column buffers, with no allocation per row.
+//! It exists as its own module (instead of arrow-json/arrow-csv) because queries must reproduce
+//! Spark's malformed-record semantics, which need per-line and per-field outcomes:
+//!
+//! * a line that is not a valid record: every field null, the raw line in `_corrupt_record`;
+//! * a field that cannot be converted (`"amount":"N/A"`): only that field null, the rest kept,
+//!   the raw line in `_corrupt_record`;
+//! * a number or boolean for a string column: its literal text, not an error;
+//! * JSON `null`, a missing key: null, not an error; unknown keys are ignored.
+//!
+//! [`MalformedPolicy`] then chooses what happens to a malformed line: kept as above
+//! (`Permissive`), left out (`Drop`), an error naming `origin:line` (`Fail`), or left out and
+//! returned for a dead-letter file (`DeadLetter`, see [`dead_letter`]). Every policy counts
+//! malformed lines, and every non-blank line counts as an input row (as in Spark).
+//!
+//! Conversions follow Spark's JSON reader: integers only from JSON integers, floats from
+//! numbers or the strings `NaN`/`Infinity`, booleans only from `true`/`false`, decimals
+//! exactly (digit by digit, rounded half-up) from a number or a string holding one, timestamps
+//! from ISO-8601 strings (or an integer count of seconds), dates from `YYYY-MM-DD`. CSV fields
+//! are text and go through the same text conversions (integers, booleans and floats included).
+//! All output fields are nullable, as Spark makes file-source schemas nullable. A timestamp
+//! with an offset is converted to UTC whatever the column's time zone (`None` included).
+//!
+//! CSV: RFC 4180 quoting (a doubled quote stands for itself), columns by position, the header
+//! line skipped when configured, a wrong number of fields makes the line malformed (all
+//! fields null), an empty unquoted field is null (a quoted empty field is `""` for a string
+//! column, null otherwise). Limitation of this version: a quoted field may not contain a line
+//! break (the file is split into lines first); such a record is reported as malformed.
+//!
+//! # Layout
+//!
+//! * `mod.rs` — public API, the line loop, policies, batch cutting.
+//! * `json.rs` — the JSON-lines record scanner.
+//! * `csv.rs` — the CSV line splitter.
+//! * `cells.rs` — staging slots, column buffers, text-to-value conversions.
+//! * `timestamp.rs` — ISO-8601 date/timestamp parsing.
+//! * [`dead_letter`] — atomic dead-letter files per batch.
+
+pub mod dead_letter;
+
+mod cells;
+mod csv;
+mod json;
+mod timestamp;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, RecordBatchOptions};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+
+use self::cells::{Column, Kind, Slots};
+
+pub use self::dead_letter::write_dead_letters;
+
+/// Name of the column holding the raw text of a malformed line (Permissive only).
+pub const CORRUPT_RECORD_COLUMN: &str = "_corrupt_record";
+
+/// Largest line accepted as one record. With the batch byte budget below it keeps the string
+/// offsets of a batch (i32) from overflowing: a corrupt record can triple in size when invalid
+/// UTF-8 is replaced by U+FFFD.
+const MAX_LINE_BYTES: usize = 256 << 20;
+/// A batch is cut early once its lines add up to this many bytes.
+const MAX_BATCH_BYTES: usize = 256 << 20;
+/// Rows of column capacity allocated up front (more grow on demand).
+const INITIAL_CAPACITY: usize = 16_384;
+
+/// The input format of a file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    /// One JSON object per line.
+    JsonLines,
+    /// Comma- (or other-) separated values; columns by position.
+    Csv(CsvOptions),
+}
+
+/// CSV dialect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvOptions {
+    /// The first non-blank line of each file is a header and is skipped.
+    pub header: bool,
+    /// Field separator.
+    pub delimiter: u8,
+    /// Quote character; doubled inside a quoted field to stand for itself.
+    pub quote: u8,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        Self {
+            header: true,
+            delimiter: b',',
+            quote: b'"',
+        }
+    }
+}
+
+/// What to do with a malformed line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MalformedPolicy {
+    /// Keep it: bad fields (or all fields) null, raw line in `_corrupt_record` (Spark's default).
+    Permissive,
+    /// Leave it out (counted).
+    Drop,
+    /// Stop decoding with [`DecodeError::Malformed`].
+    Fail,
+    /// Leave it out and return it in [`Decoded::malformed`] for a dead-letter file.
+    DeadLetter,
+}
+
+/// Decoder configuration.
+#[derive(Debug, Clone)]
+pub struct DecoderOptions {
+    /// Input format.
+    pub format: Format,
+    /// Malformed-line policy.
+    pub policy: MalformedPolicy,
+    /// Maximum rows per output batch (at least 1).
+    pub batch_size: usize,
+}
+
+impl Default for DecoderOptions {
+    fn default() -> Self {
+        Self {
+            format: Format::JsonLines,
+            policy: MalformedPolicy::Permissive,
+            batch_size: 65_536,
+        }
+    }
+}
+
+/// The output of one or more [`Decoder::decode`] calls (each call appends).
+#[derive(Debug, Default)]
+pub struct Decoded {
+    /// Output batches, each of at most `batch_size` rows, never spanning two files.
+    pub batches: Vec<RecordBatch>,
+    /// Non-blank lines read (malformed ones included; a CSV header excluded).
+    pub num_input_rows: u64,
+    /// Malformed lines, whatever the policy did with them.
+    pub num_malformed: u64,
+    /// The malformed lines (filled under [`MalformedPolicy::DeadLetter`] only).
+    pub malformed: Vec<MalformedRecord>,
+}
+
+/// One malformed line, for a dead-letter file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MalformedRecord {
+    /// The file it came from.
+    pub origin: String,
+    /// 1-based line number in that file.
+    pub line: u64,
+    /// The line (lossy UTF-8, without its line break).
+    pub raw: String,
+    /// Why it is malformed.
+    pub error: String,
+}
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// A malformed line under [`MalformedPolicy::Fail`].
+    #[error("malformed record at {origin}:{line}: {reason}")]
+    Malformed {
+        origin: String,
+        line: u64,
+        reason: String,
+    },
+    /// The schema has a field of a type the decoder cannot produce.
+    #[error(
+        "field \"{field}\": unsupported data type {data_type} (supported: Boolean, Int32, \
+         Int64, Float64, Decimal128(p<=38, s>=0), Utf8, Timestamp, Date32)"
+    )]
+    UnsupportedType { field: String, data_type: DataType },
+    /// The schema names a field twice, or uses the corrupt-record column's name.
+    #[error("field \"{field}\": {reason}")]
+    InvalidField { field: String, reason: &'static str },
+    /// `batch_size` was 0.
+    #[error("decoder batch_size must be at least 1")]
+    ZeroBatchSize,
+    /// One line is too long to be a record.
+    #[error("line {origin}:{line} is {len} bytes long, over the {max}-byte limit of a record")]
+    LineTooLong {
+        origin: String,
+        line: u64,
+        len: usize,
+        max: usize,
+    },
+    /// Assembling a batch failed (not expected: the buffers are built consistent).
+    #[error("building a batch of {origin}: {source}")]
+    Arrow {
+        origin: String,
+        #[source]
+        source: ArrowError,
+    },
+    /// Writing a dead-letter file failed.
+    #[error("writing dead letters to {path}: {source}")]
+    DeadLetterIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A schema field as the scanners see it.
+#[derive(Debug, Clone)]
+pub(crate) struct FieldSpec {
+    name: String,
+    /// The name needs no JSON escaping (no `"`, `\\` or control characters), so a key can be
+    /// matched against it byte for byte without scanning it first.
+    plain_name: bool,
+    kind: Kind,
+    sql: String,
+}
+
+/// Per-row parse state, reused across rows.
+#[derive(Debug, Default)]
+pub(crate) struct RowState {
+    /// One slot per schema field.
+    slots: Slots,
+    /// Unescaped strings of this row.
+    scratch: Vec<u8>,
+    /// The first field error of this row.
+    error: Option<String>,
+    /// CSV field positions (reused).
+    cells: Vec<csv::CsvCell>,
+    /// The last date parsed (kept across rows).
+    dates: timestamp::DateCache,
+}
+
+impl RowState {
+    #[inline]
+    fn reset(&mut self) {
+        self.slots.clear();
+        self.scratch.clear();
+        self.error = None;
+    }
+
+    /// Records a field error (the first one of a row wins).
+    fn field_error(&mut self, spec: &FieldSpec, what: fmt::Arguments<'_>) {
+        if self.error.is_none() {
+            self.error = Some(format!("field \"{}\": {what}", spec.name));
+        }
+    }
+
+    /// Records `field "x": cannot parse "text" as TYPE`.
+    fn cannot_parse(&mut self, spec: &FieldSpec, raw: &[u8], quoted: bool) {
+        if self.error.is_some() {
+            return;
+        }
+        const MAX_SHOWN: usize = 64;
+        let shown = String::from_utf8_lossy(&raw[..raw.len().min(MAX_SHOWN)]);
+        let more = if raw.len() > MAX_SHOWN { "..." } else { "" };
+        let q = if quoted { "\"" } else { "" };
+        self.field_error(
+            spec,
+            format_args!("cannot parse {q}{shown}{more}{q} as {}", spec.sql),
+        );
+    }
+}
+
+/// Decodes files of one schema and format into record batches.
+#[derive(Debug)]
+pub struct Decoder {
+    output_schema: SchemaRef,
+    options: DecoderOptions,
+    fields: Vec<FieldSpec>,
+    columns: Vec<Column>,
+    corrupt: Option<Column>,
+    row: RowState,
+    /// Rows and line bytes in the batch being built.
+    rows: usize,
+    batch_bytes: usize,
+}
+
+impl Decoder {
+    /// Creates a decoder for `schema`.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError::UnsupportedType`] naming the first field of an unsupported type,
+    /// [`DecodeError::InvalidField`] for a duplicate field name or a field named
+    /// `_corrupt_record`, [`DecodeError::ZeroBatchSize`].
+    pub fn new(schema: SchemaRef, options: DecoderOptions) -> Result<Self, DecodeError> {
+        if options.batch_size == 0 {
+            return Err(DecodeError::ZeroBatchSize);
+        }
+        let mut fields = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            let name = field.name();
+            if name == CORRUPT_RECORD_COLUMN {
+                return Err(DecodeError::InvalidField {
+                    field: name.clone(),
+                    reason: "this name is reserved for the corrupt-record column",
+                });
+            }
+            if fields.iter().any(|f: &FieldSpec| &f.name == name) {
+                return Err(DecodeError::InvalidField {
+                    field: name.clone(),
+                    reason: "the schema names this field twice",
+                });
+            }
+            let kind = Kind::of(field.data_type()).ok_or_else(|| DecodeError::UnsupportedType {
+                field: name.clone(),
+                data_type: field.data_type().clone(),
+            })?;
+            fields.push(FieldSpec {
+                name: name.clone(),
+                plain_name: !name.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20),
+                sql: kind.sql_name(),
+                kind,
+            });
+        }
+        let mut out_fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let permissive = options.policy == MalformedPolicy::Permissive;
+        if permissive {
+            out_fields.push(Field::new(CORRUPT_RECORD_COLUMN, DataType::Utf8, true));
+        }
+        let output_schema = Arc::new(Schema::new_with_metadata(
+            out_fields,
+            schema.metadata().clone(),
+        ));
+        let capacity = options.batch_size.min(INITIAL_CAPACITY);
+        let columns = fields
+            .iter()
+            .map(|f| Column::new(f.kind.clone(), capacity))
+            .collect();
+        let corrupt = permissive.then(|| Column::new(Kind::Utf8, capacity));
+        let row = RowState {
+            slots: Slots::new(fields.len()),
+            ..RowState::default()
+        };
+        Ok(Self {
+            output_schema,
+            options,
+            fields,
+            columns,
+            corrupt,
+            row,
+            rows: 0,
+            batch_bytes: 0,
+        })
+    }
+
+    /// The schema of the output batches: the input schema (all fields nullable), plus a
+    /// nullable Utf8 `_corrupt_record` column last under [`MalformedPolicy::Permissive`].
+    pub fn output_schema(&self) -> &SchemaRef {
+        &self.output_schema
+    }
+
+    /// Decodes the whole content of one file, appending batches and counts to `out`.
+    ///
+    /// `input` holds complete lines (a last line without `\n` is fine); `origin` names the
+    /// file in errors and dead letters. Lines are split on `\n`, a trailing `\r` is removed,
+    /// blank (whitespace-only) lines are skipped and not counted but still numbered.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError::Malformed`] (under [`MalformedPolicy::Fail`]) naming `origin:line` and
+    /// the reason, [`DecodeError::LineTooLong`], [`DecodeError::Arrow`]. On error `out` is
+    /// left unchanged and the decoder is ready for the next file.
+    pub fn decode(
+        &mut self,
+        input: &[u8],
+        origin: &str,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
+        let mut local = Decoded::default();
+        match self.decode_lines(input, origin, &mut local) {
+            Ok(()) => {
+                out.batches.append(&mut local.batches);
+                out.num_input_rows += local.num_input_rows;
+                out.num_malformed += local.num_malformed;
+                out.malformed.append(&mut local.malformed);
+                Ok(())
+            }
+            Err(e) => {
+                // Drop the partial batch so that the next file starts clean.
+                for c in self.columns.iter_mut().chain(self.corrupt.as_mut()) {
+                    let _partial = c.finish();
+                }
+                self.rows = 0;
+                self.batch_bytes = 0;
+                Err(e)
+            }
+        }
+    }
+
+    fn decode_lines(
+        &mut self,
+        input: &[u8],
+        origin: &str,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
+        // One validation pass over the whole file; per-line checks only if it fails.
+        let file_utf8 = input.is_ascii() || std::str::from_utf8(input).is_ok();
+        let mut skip_header = matches!(&self.options.format, Format::Csv(o) if o.header);
+        let mut pos = 0;
+        let mut line_no = 0u64;
+        while pos < input.len() {
+            let end = find_newline(&input[pos..]).map_or(input.len(), |k| pos + k);
+            let mut line = &input[pos..end];
+            pos = end + 1;
+            line_no += 1;
+            if let [rest @ .., b'\r'] = line {
+                line = rest;
+            }
+            if line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r')) {
+                continue;
+            }
+            if skip_header {
+                skip_header = false;
+                continue;
+            }
+            out.num_input_rows += 1;
+            if line.len() > MAX_LINE_BYTES {
+                return Err(DecodeError::LineTooLong {
+                    origin: origin.to_owned(),
+                    line: line_no,
+                    len: line.len(),
+                    max: MAX_LINE_BYTES,
+                });
+            }
+            if self.batch_bytes + line.len() > MAX_BATCH_BYTES {
+                self.flush(origin, out)?;
+            }
+            self.batch_bytes += line.len();
+
+            self.row.reset();
+            let utf8_ok = file_utf8 || std::str::from_utf8(line).is_ok();
+            let parsed = match &self.options.format {
+                Format::JsonLines => json::parse_line(&self.fields, &mut self.row, line, utf8_ok),
+                Format::Csv(o) => csv::parse_line(&self.fields, &mut self.row, line, utf8_ok, o),
+            };
+            let (reason, whole_line) = match parsed {
+                Err(syntax) => (syntax, true),
+                Ok(()) => match self.row.error.take() {
+                    None if utf8_ok => {
+                        self.commit(line, false, true);
+                        self.end_row(origin, out)?;
+                        continue;
+                    }
+                    None => ("invalid UTF-8".to_owned(), false),
+                    Some(field_error) => (field_error, false),
+                },
+            };
+            out.num_malformed += 1;
+            match self.options.policy {
+                MalformedPolicy::Permissive => {
+                    if whole_line {
+                        self.row.slots.clear();
+                    }
+                    self.commit(line, true, utf8_ok);
+                    self.end_row(origin, out)?;
+                }
+                MalformedPolicy::Drop => {}
+                MalformedPolicy::Fail => {
+                    return Err(DecodeError::Malformed {
+                        origin: origin.to_owned(),
+                        line: line_no,
+                        reason,
+                    });
+                }
+                MalformedPolicy::DeadLetter => out.malformed.push(MalformedRecord {
+                    origin: origin.to_owned(),
+                    line: line_no,
+                    raw: String::from_utf8_lossy(line).into_owned(),
+                    error: reason,
+                }),
+            }
+        }
+        self.flush(origin, out)
+    }
+
+    /// Appends the staged row; `corrupt` puts the raw line into `_corrupt_record`.
+    #[inline]
+    fn commit(&mut self, line: &[u8], corrupt: bool, utf8_ok: bool) {
+        for (f, column) in self.columns.iter_mut().enumerate() {
+            column.push(&self.row.slots, f, line, &self.row.scratch);
+        }
+        if let Some(c) = &mut self.corrupt {
+            if !corrupt {
+                c.push_null();
+            } else if utf8_ok {
+                c.push_str(line);
+            } else {
+                c.push_str(String::from_utf8_lossy(line).as_bytes());
+            }
+        }
+    }
+
+    #[inline]
+    fn end_row(&mut self, origin: &str, out: &mut Decoded) -> Result<(), DecodeError> {
+        self.rows += 1;
+        if self.rows >= self.options.batch_size {
+            self.flush(origin, out)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the rows buffered so far into a batch.
+    fn flush(&mut self, origin: &str, out: &mut Decoded) -> Result<(), DecodeError> {
+        self.batch_bytes = 0;
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let arrow = |source| DecodeError::Arrow {
+            origin: origin.to_owned(),
+            source,
+        };
+        let arrays = self
+            .columns
+            .iter_mut()
+            .chain(self.corrupt.as_mut())
+            .map(Column::finish)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(arrow)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
+        self.rows = 0;
+        let batch = RecordBatch::try_new_with_options(self.output_schema.clone(), arrays, &options)
+            .map_err(arrow)?;
+        out.batches.push(batch);
+        Ok(())
+    }
+}
+
+/// The eight bytes at `i` as a little-endian word (the caller checks `i + 8 <= s.len()`).
+#[inline(always)]
+fn load8(s: &[u8], i: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&s[i..i + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Position of the first `\n`, eight bytes at a time.
+#[inline]
+fn find_newline(s: &[u8]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const NL: u64 = LO * b'\n' as u64;
+    let mut chunks = s.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word) ^ NL;
+        // The lowest flagged byte is exactly the first zero byte of x (borrows only flag
+        // bytes above a real zero).
+        let found = x.wrapping_sub(LO) & !x & HI;
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|k| at + k)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+//! ISO-8601 date and timestamp parsing by hand.
+//!
+//! Every valid input line carries a timestamp, so this sits on the decoder's hot path; a
+//! general-purpose date library (format strings, time-zone databases) costs several times more
+//! than the fixed-position parse below. The accepted forms are the ones Spark's lenient JSON/CSV
+//! timestamp parsing accepts in practice for UTC-or-offset data:
+//!
+//! * `YYYY-MM-DD` (midnight UTC),
+//! * `YYYY-MM-DD[T| ]HH:MM[:SS[.f{1,9}]][zone]` where zone is `Z`, `±HH`, `±HHMM` or `±HH:MM`;
+//!   no zone means UTC.
+//!
+//! Digits beyond the target unit's precision are truncated (as Spark does beyond microseconds).
+
+use arrow_schema::TimeUnit;
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+pub(super) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400; // [0, 399]
+    let m = i64::from(month);
+    let mp = if m > 2 { m - 3 } else { m + 9 }; // March = 0
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1; // [0, 365]
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146096]
+    era * 146_097 + doe - 719_468
+}
+
+fn is_leap(year: i64) -> bool {
+    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+}
+
+fn days_in_month(year: i64, month: u32) -> u32 {
+    match month {
+        2 if is_leap(year) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+#[inline]
+fn digit(b: u8) -> Option<u32> {
+    let d = b.wrapping_sub(b'0');
+    (d < 10).then_some(u32::from(d))
+}
+
+#[inline]
+fn two_digits(s: &[u8], at: usize) -> Option<u32> {
+    Some(digit(*s.get(at)?)? * 10 + digit(*s.get(at + 1)?)?)
+}
+
+/// Parses `YYYY-MM-DD` at the start of `s`; returns days since the epoch.
+#[inline]
+fn parse_date_prefix(s: &[u8]) -> Option<i64> {
+    if s.len() < 10 || s[4] != b'-' || s[7] != b'-' {
+        return None;
+    }
+    let year = two_digits(s, 0)? * 100 + two_digits(s, 2)?;
+    let month = two_digits(s, 5)?;
+    let day = two_digits(s, 8)?;
+    let year = i64::from(year);
+    if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
+        return None;
+    }
+    Some(days_from_civil(year, month, day))
+}
+
+/// The last date parsed: consecutive rows nearly always share it.
+#[derive(Debug, Default)]
+pub(super) struct DateCache {
+    key: Option<[u8; 10]>,
+    days: i64,
+}
+
+impl DateCache {
+    /// Days since the epoch of the `YYYY-MM-DD` at the start of `s`.
+    #[inline]
+    fn days(&mut self, s: &[u8]) -> Option<i64> {
+        let key = s.get(..10)?;
+        if self.key.as_ref().is_some_and(|k| k == key) {
+            return Some(self.days);
+        }
+        let days = parse_date_prefix(s)?;
+        let mut k = [0u8; 10];
+        k.copy_from_slice(key);
+        self.key = Some(k);
+        self.days = days;
+        Some(days)
+    }
+}
+
+/// Parses a `YYYY-MM-DD` date into days since 1970-01-01.
+pub(super) fn parse_date(s: &[u8], cache: &mut DateCache) -> Option<i32> {
+    if s.len() != 10 {
+        return None;
+    }
+    i32::try_from(cache.days(s)?).ok()
+}
+
+/// Parses an ISO-8601 timestamp into whole seconds since the epoch (UTC) and nanoseconds.
+pub(super) fn parse_timestamp(s: &[u8], cache: &mut DateCache) -> Option<(i64, u32)> {
+    let days = cache.days(s)?;
+    let mut secs = days * 86_400;
+    if s.len() == 10 {
+        return Some((secs, 0));
+    }
+    if s[10] != b'T' && s[10] != b' ' {
+        return None;
+    }
+    let hour = two_digits(s, 11)?;
+    if s.get(13) != Some(&b':') {
+        return None;
+    }
+    let minute = two_digits(s, 14)?;
+    let mut i = 16;
+    let mut second = 0;
+    let mut nanos = 0u32;
+    if s.get(i) == Some(&b':') {
+        second = two_digits(s, i + 1)?;
+        i += 3;
+        if s.get(i) == Some(&b'.') {
+            i += 1;
+            let start = i;
+            let mut scale = 100_000_000u32;
+            while let Some(d) = s.get(i).and_then(|&b| digit(b)) {
+                if i - start >= 9 {
+                    return None;
+                }
+                nanos += d * scale;
+                scale /= 10;
+                i += 1;
+            }
+            if i == start {
+                return None;
+            }
+        }
+    }
+    if hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    secs += i64::from(hour * 3600 + minute * 60 + second);
+    let offset = match s.get(i) {
+        None => 0,
+        Some(b'Z') if i + 1 == s.len() => 0,
+        Some(&sign @ (b'+' | b'-')) => {
+            let oh = two_digits(s, i + 1)?;
+            let om = match s.len() - (i + 3) {
+                0 => 0,
+                2 => two_digits(s, i + 3)?,
+                3 if s[i + 3] == b':' => two_digits(s, i + 4)?,
+                _ => return None,
+            };
+            if oh > 18 || om > 59 {
+                return None;
+            }
+            let off = i64::from(oh * 3600 + om * 60);
+            if sign == b'-' { -off } else { off }
+        }
+        Some(_) => return None,
+    };
+    Some((secs - offset, nanos))
+}
+
+/// Converts seconds + nanoseconds into a count of `unit`s, `None` on overflow.
+pub(super) fn to_unit(secs: i64, nanos: u32, unit: TimeUnit) -> Option<i64> {
+    let (mul, div) = match unit {
+        TimeUnit::Second => (1, 1_000_000_000),
+        TimeUnit::Millisecond => (1_000, 1_000_000),
+        TimeUnit::Microsecond => (1_000_000, 1_000),
+        TimeUnit::Nanosecond => (1_000_000_000, 1),
+    };
+    secs.checked_mul(mul)?.checked_add(i64::from(nanos / div))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn micros(s: &str) -> Option<i64> {
+        let (secs, nanos) = parse_timestamp(s.as_bytes(), &mut DateCache::default())?;
+        to_unit(secs, nanos, TimeUnit::Microsecond)
+    }
+
+    #[test]
+    fn civil_days() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2024, 3, 1), 19_783);
+        assert_eq!(days_from_civil(2000, 2, 29), 11_016);
+        assert_eq!(days_from_civil(1969, 12, 31), -1);
+        assert_eq!(days_from_civil(1600, 1, 1), -135_140);
+    }
+
+    #[test]
+    fn timestamps() {
+        let base = 19_783 * 86_400_000_000i64;
+        assert_eq!(micros("2024-03-01T00:03:07.123Z"), Some(base + 187_123_000));
+        assert_eq!(
+            micros("2024-03-01 00:03:07.123456"),
+            Some(base + 187_123_456)
+        );
+        assert_eq!(
+            micros("2024-03-01T00:03:07.1234567Z"),
+            Some(base + 187_123_456)
+        );
+        assert_eq!(micros("2024-03-01T00:03:07Z"), Some(base + 187_000_000));
+        assert_eq!(micros("2024-03-01T00:03"), Some(base + 180_000_000));
+        assert_eq!(micros("2024-03-01"), Some(base));
+        assert_eq!(micros("2024-03-01T02:00:00+02:00"), Some(base));
+        assert_eq!(micros("2024-03-01T02:00:00+02"), Some(base));
+        assert_eq!(micros("2024-02-29T18:30:00-0530"), Some(base));
+        assert_eq!(micros("1969-12-31T23:59:59.5Z"), Some(-500_000));
+        for bad in [
+            "yesterday",
+            "",
+            "2024-13-01",
+            "2023-02-29",
+            "2024-03-01T24:00:00",
+            "2024-03-01T00:00:00.Z",
+            "2024-03-01T00:00:00ZZ",
+            "2024-03-01T00:00:00+2",
+            "2024-03-01x",
+            "2024-03-01T00:00:00.1234567890",
+            "2024/03/01",
+        ] {
+            assert_eq!(micros(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn dates_and_units() {
+        let mut cache = DateCache::default();
+        assert_eq!(parse_date(b"2024-03-01", &mut cache), Some(19_783));
+        assert_eq!(parse_date(b"2024-03-01", &mut cache), Some(19_783));
+        assert_eq!(parse_date(b"2024-03-02", &mut cache), Some(19_784));
+        assert_eq!(parse_date(b"2024-02-30", &mut cache), None);
+        assert_eq!(parse_date(b"2024-03-01T00:00", &mut cache), None);
+        assert_eq!(parse_timestamp(b"2024-03-02x", &mut cache), None);
+        assert_eq!(to_unit(1, 123_456_789, TimeUnit::Millisecond), Some(1_123));
+        assert_eq!(
+            to_unit(1, 123_456_789, TimeUnit::Nanosecond),
+            Some(1_123_456_789)
+        );
+        assert_eq!(to_unit(i64::MAX / 10, 0, TimeUnit::Nanosecond), None);
+    }
+}

@@ -1,0 +1,82 @@
+//! Per-batch operators between source and sink. Today: stateless
+//! transforms, in Wasm or native Rust, behind one small trait so that the
+//! query loop treats them alike and programs embedding the host can add
+//! their own.
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use crate::plugin::{BatchInfo, PluginError, PluginUsage, WasmTransform};
+
+/// A transform failed a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum TransformError {
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error("transform {name} failed batch {batch_id}: {message}")]
+    Native {
+        name: String,
+        batch_id: u64,
+        message: String,
+    },
+}
+
+impl TransformError {
+    /// Whether running the batch again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Plugin(e) => e.is_retryable(),
+            Self::Native { .. } => false,
+        }
+    }
+}
+
+/// A stateless batch-to-batch transform.
+pub trait BatchTransform: Send {
+    /// The name used in errors, logs and progress.
+    fn name(&self) -> &str;
+
+    /// The schema of the batches [`Self::process`] returns.
+    fn output_schema(&self) -> &SchemaRef;
+
+    /// Transforms one batch.
+    ///
+    /// # Errors
+    /// When the batch cannot be transformed; it is then not committed.
+    fn process(
+        &mut self,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<RecordBatch, TransformError>;
+
+    /// For Wasm transforms: (name, sha256, usage), for progress.
+    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
+        None
+    }
+}
+
+impl BatchTransform for WasmTransform {
+    fn name(&self) -> &str {
+        WasmTransform::name(self)
+    }
+
+    fn output_schema(&self) -> &SchemaRef {
+        WasmTransform::output_schema(self)
+    }
+
+    fn process(
+        &mut self,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<RecordBatch, TransformError> {
+        Ok(WasmTransform::process(self, batch, info)?)
+    }
+
+    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
+        Some((
+            self.name().to_owned(),
+            self.sha256().to_owned(),
+            self.usage().clone(),
+        ))
+    }
+}

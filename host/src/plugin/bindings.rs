@@ -1,0 +1,29 @@
+//! Host-side bindings of `wit/weir.wit`, generated at compile time so that a
+//! WIT change that the host does not follow is a compile error here.
+
+/// The `transform` world; also owns the shared `types` and `host` interfaces.
+pub(crate) mod transform {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "transform",
+        with: {
+            "weir:plugin/types.batch": crate::plugin::state::HostBatch,
+        },
+        imports: { default: trappable },
+    });
+}
+
+/// The `sink` world, reusing the interfaces generated for `transform`.
+pub(crate) mod sink {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "sink",
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+        imports: { default: trappable },
+    });
+}
+
+pub(crate) use transform::weir::plugin::types as wit;

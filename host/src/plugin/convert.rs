@@ -1,0 +1,349 @@
+//! Arrow ⇄ WIT columns. Values move as whole buffers (one `memcpy` each way
+//! plus the lowering into guest memory), never value by value, and every
+//! buffer coming back from a guest is validated before Arrow sees it: a
+//! guest may return anything.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float64Array, Int32Array,
+    Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef, TimeUnit};
+
+use super::bindings::wit;
+
+/// The timezone given to timestamp columns a plugin creates (Spark: UTC).
+const UTC: &str = "+00:00";
+
+/// WIT type of an Arrow type; `None` when plugins cannot receive it.
+pub(crate) fn wit_type(dt: &DataType) -> Option<wit::DataType> {
+    Some(match dt {
+        DataType::Boolean => wit::DataType::Boolean,
+        DataType::Int32 => wit::DataType::Int32,
+        DataType::Int64 => wit::DataType::Int64,
+        DataType::Float64 => wit::DataType::Float64,
+        DataType::Decimal128(p, s) => wit::DataType::Decimal128(wit::DecimalType {
+            precision: *p,
+            scale: *s,
+        }),
+        DataType::Utf8 => wit::DataType::Utf8,
+        DataType::Timestamp(TimeUnit::Microsecond, _) => wit::DataType::TimestampMicros,
+        DataType::Date32 => wit::DataType::Date32,
+        _ => return None,
+    })
+}
+
+/// Arrow type of a WIT type, keeping the timezone of `like` for timestamps.
+pub(crate) fn arrow_type(dt: &wit::DataType, like: Option<&DataType>) -> DataType {
+    match dt {
+        wit::DataType::Boolean => DataType::Boolean,
+        wit::DataType::Int32 => DataType::Int32,
+        wit::DataType::Int64 => DataType::Int64,
+        wit::DataType::Float64 => DataType::Float64,
+        wit::DataType::Decimal128(d) => DataType::Decimal128(d.precision, d.scale),
+        wit::DataType::Utf8 => DataType::Utf8,
+        wit::DataType::TimestampMicros => match like {
+            Some(t @ DataType::Timestamp(TimeUnit::Microsecond, _)) => t.clone(),
+            _ => DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into())),
+        },
+        wit::DataType::Date32 => DataType::Date32,
+    }
+}
+
+/// The WIT fields of a schema, or the first column plugins cannot receive.
+pub(crate) fn wit_fields(schema: &Schema) -> Result<Vec<wit::Field>, (String, String)> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            wit_type(f.data_type())
+                .map(|data_type| wit::Field {
+                    name: f.name().clone(),
+                    data_type,
+                    nullable: f.is_nullable(),
+                })
+                .ok_or_else(|| (f.name().clone(), f.data_type().to_string()))
+        })
+        .collect()
+}
+
+/// The Arrow schema described by WIT fields (the schema a plugin declares).
+pub(crate) fn arrow_schema(fields: &[wit::Field], input: &Schema) -> SchemaRef {
+    Arc::new(Schema::new(
+        fields
+            .iter()
+            .map(|f| {
+                let like = input.field_with_name(&f.name).ok().map(|x| x.data_type());
+                Field::new(&f.name, arrow_type(&f.data_type, like), f.nullable)
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+fn validity(array: &dyn Array) -> Option<Vec<u8>> {
+    array
+        .nulls()
+        .filter(|n| n.null_count() > 0)
+        .map(|n| n.inner().sliced().as_slice().to_vec())
+}
+
+/// One column of a batch as the guest receives it.
+pub(crate) fn wit_column(field: &Field, array: &ArrayRef) -> Result<wit::Column, (String, String)> {
+    let unsupported = || (field.name().clone(), field.data_type().to_string());
+    let data_type = wit_type(field.data_type()).ok_or_else(unsupported)?;
+    let values = match field.data_type() {
+        DataType::Boolean => {
+            wit::ColumnValues::Boolean(array.as_boolean().values().sliced().as_slice().to_vec())
+        }
+        DataType::Int32 => {
+            wit::ColumnValues::Int32(array.as_primitive::<Int32Type>().values().to_vec())
+        }
+        DataType::Int64 => {
+            wit::ColumnValues::Int64(array.as_primitive::<Int64Type>().values().to_vec())
+        }
+        DataType::Float64 => {
+            wit::ColumnValues::Float64(array.as_primitive::<Float64Type>().values().to_vec())
+        }
+        DataType::Decimal128(..) => {
+            let values = array.as_primitive::<Decimal128Type>().values();
+            let mut bytes = Vec::with_capacity(values.len() * 16);
+            for v in values.iter() {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            wit::ColumnValues::Decimal128(bytes)
+        }
+        DataType::Utf8 => {
+            let strings = array.as_string::<i32>();
+            let offsets = strings.value_offsets();
+            let (first, last) = (offsets[0], offsets[offsets.len() - 1]);
+            let data = strings.value_data()[first as usize..last as usize].to_vec();
+            let offsets = if first == 0 {
+                offsets.to_vec()
+            } else {
+                offsets.iter().map(|o| o - first).collect()
+            };
+            wit::ColumnValues::Utf8(wit::Utf8Values { offsets, data })
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, _) => wit::ColumnValues::TimestampMicros(
+            array
+                .as_primitive::<TimestampMicrosecondType>()
+                .values()
+                .to_vec(),
+        ),
+        DataType::Date32 => {
+            wit::ColumnValues::Date32(array.as_primitive::<Date32Type>().values().to_vec())
+        }
+        _ => return Err(unsupported()),
+    };
+    Ok(wit::Column {
+        name: field.name().clone(),
+        data_type,
+        validity: validity(array.as_ref()),
+        values,
+    })
+}
+
+/// Builds an Arrow array from a guest's column, checking every buffer.
+///
+/// # Errors
+/// A message saying what is wrong with the column, naming it.
+pub(crate) fn arrow_column(
+    column: wit::Column,
+    rows: usize,
+    like: Option<&DataType>,
+) -> Result<(Field, ArrayRef), String> {
+    let name = column.name;
+    let bad = |what: String| format!("column {name:?}: {what}");
+    let nulls = match column.validity {
+        None => None,
+        Some(bits) => {
+            if bits.len() * 8 < rows {
+                return Err(bad(format!(
+                    "validity bitmap has {} bytes, {rows} rows need {}",
+                    bits.len(),
+                    rows.div_ceil(8)
+                )));
+            }
+            Some(NullBuffer::new(BooleanBuffer::new(
+                Buffer::from_vec(bits),
+                0,
+                rows,
+            )))
+        }
+    };
+    let check_len = |len: usize| {
+        if len == rows {
+            Ok(())
+        } else {
+            Err(bad(format!("has {len} values, the batch has {rows} rows")))
+        }
+    };
+    let data_type = arrow_type(&column.data_type, like);
+    let array: ArrayRef = match (column.values, &data_type) {
+        (wit::ColumnValues::Boolean(bits), DataType::Boolean) => {
+            if bits.len() * 8 < rows {
+                return Err(bad(format!("boolean bitmap too short for {rows} rows")));
+            }
+            Arc::new(BooleanArray::new(
+                BooleanBuffer::new(Buffer::from_vec(bits), 0, rows),
+                nulls,
+            ))
+        }
+        (wit::ColumnValues::Int32(v), DataType::Int32) => {
+            check_len(v.len())?;
+            Arc::new(Int32Array::new(ScalarBuffer::from(v), nulls))
+        }
+        (wit::ColumnValues::Int64(v), DataType::Int64) => {
+            check_len(v.len())?;
+            Arc::new(Int64Array::new(ScalarBuffer::from(v), nulls))
+        }
+        (wit::ColumnValues::Float64(v), DataType::Float64) => {
+            check_len(v.len())?;
+            Arc::new(Float64Array::new(ScalarBuffer::from(v), nulls))
+        }
+        (wit::ColumnValues::Decimal128(bytes), DataType::Decimal128(p, s)) => {
+            if bytes.len() != rows * 16 {
+                return Err(bad(format!(
+                    "decimal buffer has {} bytes, {rows} rows need {}",
+                    bytes.len(),
+                    rows * 16
+                )));
+            }
+            let values: Vec<i128> = bytes
+                .chunks_exact(16)
+                .map(|c| {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(c);
+                    i128::from_le_bytes(b)
+                })
+                .collect();
+            let array = Decimal128Array::new(ScalarBuffer::from(values), nulls)
+                .with_precision_and_scale(*p, *s)
+                .map_err(|e| bad(e.to_string()))?;
+            Arc::new(array)
+        }
+        (wit::ColumnValues::Utf8(u), DataType::Utf8) => {
+            check_len(u.offsets.len().saturating_sub(1))?;
+            if u.offsets.first() != Some(&0) || u.offsets.windows(2).any(|w| w[0] > w[1]) {
+                return Err(bad(
+                    "string offsets must start at 0 and never decrease".into()
+                ));
+            }
+            let offsets = OffsetBuffer::new(ScalarBuffer::from(u.offsets));
+            let array = StringArray::try_new(offsets, Buffer::from_vec(u.data), nulls)
+                .map_err(|e| bad(e.to_string()))?;
+            Arc::new(array)
+        }
+        (wit::ColumnValues::TimestampMicros(v), DataType::Timestamp(_, tz)) => {
+            check_len(v.len())?;
+            Arc::new(
+                TimestampMicrosecondArray::new(ScalarBuffer::from(v), nulls)
+                    .with_timezone_opt(tz.clone()),
+            )
+        }
+        (wit::ColumnValues::Date32(v), DataType::Date32) => {
+            check_len(v.len())?;
+            Arc::new(Date32Array::new(ScalarBuffer::from(v), nulls))
+        }
+        (values, dt) => {
+            return Err(bad(format!(
+                "declared type {dt} but values of another type ({})",
+                values_kind(&values)
+            )));
+        }
+    };
+    Ok((Field::new(name, data_type, true), array))
+}
+
+fn values_kind(v: &wit::ColumnValues) -> &'static str {
+    match v {
+        wit::ColumnValues::Boolean(_) => "boolean",
+        wit::ColumnValues::Int32(_) => "int32",
+        wit::ColumnValues::Int64(_) => "int64",
+        wit::ColumnValues::Float64(_) => "float64",
+        wit::ColumnValues::Decimal128(_) => "decimal128",
+        wit::ColumnValues::Utf8(_) => "utf8",
+        wit::ColumnValues::TimestampMicros(_) => "timestamp-micros",
+        wit::ColumnValues::Date32(_) => "date32",
+    }
+}
+
+/// The batch as an Arrow IPC stream.
+pub(crate) fn to_ipc(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
+    let mut out = Vec::new();
+    {
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut out, batch.schema_ref())?;
+        writer.write(batch)?;
+        writer.finish()?;
+    }
+    Ok(out)
+}
+
+/// Reads an Arrow IPC stream from a guest into one batch.
+pub(crate) fn from_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(bytes, None)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    arrow_select::concat::concat_batches(&schema, &batches)
+}
+
+/// Applies a transform's edit to its input: column edits, then the selection.
+pub(crate) fn apply_edit(input: &RecordBatch, edit: wit::Edit) -> Result<RecordBatch, String> {
+    let rows = input.num_rows();
+    let schema = input.schema();
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns: Vec<ArrayRef> = input.columns().to_vec();
+    for name in &edit.drop_columns {
+        let Some(i) = fields.iter().position(|f| f.name() == name) else {
+            return Err(format!(
+                "asked to drop column {name:?}, which the input does not have"
+            ));
+        };
+        fields.remove(i);
+        columns.remove(i);
+    }
+    for column in edit.set_columns {
+        let existing = fields.iter().position(|f| *f.name() == column.name);
+        let like = existing.map(|i| fields[i].data_type().clone());
+        let (field, array) = arrow_column(column, rows, like.as_ref())?;
+        match existing {
+            Some(i) => {
+                fields[i] = field;
+                columns[i] = array;
+            }
+            None => {
+                fields.push(field);
+                columns.push(array);
+            }
+        }
+    }
+    let edited =
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())?;
+    match edit.keep {
+        None => Ok(edited),
+        Some(wit::Selection::Mask(bits)) => {
+            if bits.len() * 8 < rows {
+                return Err(format!(
+                    "selection mask has {} bytes, {rows} rows need {}",
+                    bits.len(),
+                    rows.div_ceil(8)
+                ));
+            }
+            let mask = BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(bits), 0, rows), None);
+            arrow_select::filter::filter_record_batch(&edited, &mask).map_err(|e| e.to_string())
+        }
+        Some(wit::Selection::Indices(indices)) => {
+            if let Some(bad) = indices.iter().find(|&&i| i as usize >= rows) {
+                return Err(format!("selected row {bad}, the batch has {rows} rows"));
+            }
+            let indices = arrow_array::UInt32Array::from(indices);
+            arrow_select::take::take_record_batch(&edited, &indices).map_err(|e| e.to_string())
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Every way a plugin can fail, as data, so that the query decides retry or
+//! stop from the variant rather than from message text.
+
+use std::path::PathBuf;
+
+/// How a plugin classified its own failure (`error-kind` in the WIT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginErrorKind {
+    /// Retrying will not help.
+    Fatal,
+    /// A transient failure: the batch may be retried.
+    Retryable,
+    /// The batch did not have the shape the plugin needs.
+    InvalidInput,
+}
+
+impl std::fmt::Display for PluginErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Fatal => "fatal",
+            Self::Retryable => "retryable",
+            Self::InvalidInput => "invalid input",
+        })
+    }
+}
+
+/// A plugin failed to load, open or process a batch. Every variant names the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("plugin {plugin}: cannot read {}: {source}", path.display())]
+    Read {
+        plugin: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("plugin {plugin}: {} is not a usable Wasm component: {reason}", path.display())]
+    Compile {
+        plugin: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("plugin {plugin}: compiled-component cache {}: {source}", dir.display())]
+    Cache {
+        plugin: String,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("plugin {plugin}: cannot instantiate: {reason}")]
+    Instantiate { plugin: String, reason: String },
+    #[error("plugin {plugin}: cannot grant directory {}: {reason}", host.display())]
+    Grant {
+        plugin: String,
+        host: PathBuf,
+        reason: String,
+    },
+    #[error("plugin {plugin} rejected its config: {message}")]
+    InvalidConfig { plugin: String, message: String },
+    #[error("plugin {plugin}: column {column} has type {data_type}, which plugins cannot receive")]
+    UnsupportedType {
+        plugin: String,
+        column: String,
+        data_type: String,
+    },
+    #[error("plugin {plugin} failed batch {batch_id} ({kind}){}: {message}", row.map(|r| format!(" at row {r}")).unwrap_or_default())]
+    Failed {
+        plugin: String,
+        batch_id: u64,
+        kind: PluginErrorKind,
+        message: String,
+        row: Option<u32>,
+    },
+    #[error("plugin {plugin} trapped in batch {batch_id}: {trap}{}", if stderr.is_empty() { String::new() } else { format!("; its stderr: {stderr}") })]
+    Trap {
+        plugin: String,
+        batch_id: u64,
+        trap: String,
+        stderr: String,
+    },
+    #[error("plugin {plugin} exceeded its time limit of {limit_ms} ms in batch {batch_id}")]
+    Timeout {
+        plugin: String,
+        batch_id: u64,
+        limit_ms: u64,
+    },
+    #[error("plugin {plugin} exceeded its memory limit of {limit} bytes in batch {batch_id}")]
+    MemoryExceeded {
+        plugin: String,
+        batch_id: u64,
+        limit: u64,
+    },
+    #[error("plugin {plugin} used up its fuel ({fuel}) in batch {batch_id}")]
+    OutOfFuel {
+        plugin: String,
+        batch_id: u64,
+        fuel: u64,
+    },
+    #[error("plugin {plugin} returned a malformed batch in batch {batch_id}: {reason}")]
+    MalformedOutput {
+        plugin: String,
+        batch_id: u64,
+        reason: String,
+    },
+}
+
+impl PluginError {
+    /// Whether running the same batch again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Failed {
+                kind: PluginErrorKind::Retryable,
+                ..
+            }
+        )
+    }
+
+    /// The plugin this error is about.
+    pub fn plugin(&self) -> &str {
+        match self {
+            Self::Read { plugin, .. }
+            | Self::Compile { plugin, .. }
+            | Self::Cache { plugin, .. }
+            | Self::Instantiate { plugin, .. }
+            | Self::Grant { plugin, .. }
+            | Self::InvalidConfig { plugin, .. }
+            | Self::UnsupportedType { plugin, .. }
+            | Self::Failed { plugin, .. }
+            | Self::Trap { plugin, .. }
+            | Self::Timeout { plugin, .. }
+            | Self::MemoryExceeded { plugin, .. }
+            | Self::OutOfFuel { plugin, .. }
+            | Self::MalformedOutput { plugin, .. } => plugin,
+        }
+    }
+}

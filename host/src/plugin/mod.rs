@@ -1,0 +1,30 @@
+//! The WebAssembly plugin host.
+//!
+//! User code (transforms and foreachBatch sinks) arrives as WebAssembly
+//! components built against `wit/weir.wit`. This module is the only place
+//! that knows about wasmtime: it compiles (and caches) components, gives each
+//! plugin instance its own sandboxed `Store` (memory limit, per-call deadline,
+//! optional fuel, no ambient capabilities), hands batches across the boundary
+//! once per call, and turns every way a plugin can fail into a typed
+//! [`PluginError`] so that a bad plugin fails its batch, never the host.
+//!
+//! # Layout
+//! - `bindings`: host-side code generated from the WIT worlds.
+//! - `engine`: the shared wasmtime engine, its epoch ticker and the on-disk
+//!   cache of compiled components.
+//! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
+//! - `state`: what a plugin's store holds and the host functions it imports.
+//! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `error`: [`PluginError`].
+
+mod bindings;
+mod convert;
+mod engine;
+mod error;
+mod instance;
+mod state;
+
+pub use engine::{EngineOptions, LoadedPlugin, PluginEngine};
+pub use error::{PluginError, PluginErrorKind};
+pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
+pub use state::BatchInfo;

@@ -1,0 +1,163 @@
+//! What a plugin's `Store` holds, and the host functions a plugin imports:
+//! the batch resource it pulls columns from, logging and deterministic
+//! randomness. Everything here is per instance, so tenants never share state.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use wasmtime::StoreLimits;
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::transform::weir::plugin::host;
+use super::bindings::wit;
+use super::convert;
+use crate::failpoint::{Failpoint, Phase};
+
+/// What a plugin is told about the batch it is called for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub query_id: String,
+    pub batch_id: u64,
+    /// 0 the first time the batch runs; higher on a retry or a replay.
+    pub attempt: u32,
+    /// The batch's timestamp (µs since the epoch), identical on replay.
+    pub timestamp_micros: i64,
+    pub partition: u32,
+}
+
+/// A batch lent to the guest for the length of one call.
+#[derive(Debug)]
+pub struct HostBatch {
+    pub(crate) batch: RecordBatch,
+}
+
+/// The call in progress, for host functions that depend on it.
+#[derive(Debug, Default)]
+pub(crate) struct CallState {
+    pub(crate) batch_id: u64,
+    pub(crate) phase: Option<Phase>,
+    pub(crate) rng: u64,
+}
+
+pub(crate) struct HostState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    pub(crate) plugin: Arc<str>,
+    pub(crate) stderr: MemoryOutputPipe,
+    pub(crate) call: CallState,
+    pub(crate) failpoint: Option<Failpoint>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl HostState {
+    /// Prepares per-call state: the batch id for logs and failpoints, and the
+    /// random source seeded from (query id, batch id, partition).
+    pub(crate) fn begin_call(&mut self, info: &BatchInfo, phase: Phase) {
+        let mut seed = fnv1a(0xcbf2_9ce4_8422_2325, info.query_id.as_bytes());
+        seed = fnv1a(seed, &info.batch_id.to_le_bytes());
+        seed = fnv1a(seed, &info.partition.to_le_bytes());
+        self.call = CallState {
+            batch_id: info.batch_id,
+            phase: Some(phase),
+            rng: seed,
+        };
+    }
+
+    fn at_host_call(&self) {
+        if let Some(phase) = self.call.phase {
+            Failpoint::check(self.failpoint.as_ref(), phase, self.call.batch_id);
+        }
+    }
+}
+
+fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// splitmix64: tiny, fast, and identical on every platform, which is what a
+/// replayable random source needs.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl wit::Host for HostState {}
+
+impl wit::HostBatch for HostState {
+    fn num_rows(&mut self, batch: Resource<HostBatch>) -> wasmtime::Result<u32> {
+        let batch = &self.table.get(&batch)?.batch;
+        Ok(u32::try_from(batch.num_rows())?)
+    }
+
+    fn schema(&mut self, batch: Resource<HostBatch>) -> wasmtime::Result<Vec<wit::Field>> {
+        let batch = &self.table.get(&batch)?.batch;
+        convert::wit_fields(batch.schema_ref()).map_err(|(column, ty)| {
+            wasmtime::Error::msg(format!("column {column} has unsupported type {ty}"))
+        })
+    }
+
+    fn column(&mut self, batch: Resource<HostBatch>, index: u32) -> wasmtime::Result<wit::Column> {
+        self.at_host_call();
+        let batch = &self.table.get(&batch)?.batch;
+        let i = index as usize;
+        if i >= batch.num_columns() {
+            return Err(wasmtime::Error::msg(format!(
+                "column index {index} out of range: the batch has {} columns",
+                batch.num_columns()
+            )));
+        }
+        let field = batch.schema_ref().field(i).clone();
+        convert::wit_column(&field, batch.column(i)).map_err(|(column, ty)| {
+            wasmtime::Error::msg(format!("column {column} has unsupported type {ty}"))
+        })
+    }
+
+    fn to_ipc(&mut self, batch: Resource<HostBatch>) -> wasmtime::Result<Vec<u8>> {
+        self.at_host_call();
+        let batch = &self.table.get(&batch)?.batch;
+        Ok(convert::to_ipc(batch)?)
+    }
+
+    fn drop(&mut self, batch: Resource<HostBatch>) -> wasmtime::Result<()> {
+        self.table.delete(batch)?;
+        Ok(())
+    }
+}
+
+impl host::Host for HostState {
+    fn log(&mut self, level: host::LogLevel, message: String) -> wasmtime::Result<()> {
+        self.at_host_call();
+        let plugin = &*self.plugin;
+        let batch_id = self.call.batch_id;
+        match level {
+            host::LogLevel::Trace => tracing::trace!(plugin, batch_id, "{message}"),
+            host::LogLevel::Debug => tracing::debug!(plugin, batch_id, "{message}"),
+            host::LogLevel::Info => tracing::info!(plugin, batch_id, "{message}"),
+            host::LogLevel::Warn => tracing::warn!(plugin, batch_id, "{message}"),
+            host::LogLevel::Error => tracing::error!(plugin, batch_id, "{message}"),
+        }
+        Ok(())
+    }
+
+    fn random_u64(&mut self) -> wasmtime::Result<u64> {
+        Ok(splitmix64(&mut self.call.rng))
+    }
+}

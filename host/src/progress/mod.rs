@@ -1,0 +1,143 @@
+//! The progress record of each batch, with the field names of Spark's
+//! `StreamingQueryProgress`, so that dashboards and alerts written for Spark
+//! read Weir's records unchanged. Fields Spark does not have (malformed
+//! counts, plugin usage) are additions, never renames.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One batch's progress (Spark's `StreamingQueryProgress`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueryProgress {
+    pub id: String,
+    pub run_id: String,
+    pub name: String,
+    /// When the trigger started, RFC 3339 UTC.
+    pub timestamp: String,
+    pub batch_id: u64,
+    pub batch_duration: u64,
+    pub num_input_rows: u64,
+    pub input_rows_per_second: f64,
+    pub processed_rows_per_second: f64,
+    pub duration_ms: BTreeMap<&'static str, u64>,
+    pub event_time: BTreeMap<&'static str, String>,
+    pub state_operators: Vec<serde_json::Value>,
+    pub sources: Vec<SourceProgress>,
+    pub sink: SinkProgress,
+    /// Weir's addition: what each plugin used in this batch.
+    pub plugins: Vec<PluginProgress>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceProgress {
+    pub description: String,
+    pub start_offset: Option<serde_json::Value>,
+    pub end_offset: serde_json::Value,
+    pub latest_offset: serde_json::Value,
+    pub num_input_rows: u64,
+    pub input_rows_per_second: f64,
+    pub processed_rows_per_second: f64,
+    pub metrics: BTreeMap<&'static str, String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SinkProgress {
+    pub description: String,
+    pub num_output_rows: u64,
+    pub metrics: BTreeMap<&'static str, String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginProgress {
+    pub name: String,
+    pub sha256: String,
+    pub calls: u64,
+    pub call_time_ms: f64,
+    pub instantiations: u64,
+    pub fuel_consumed: u64,
+}
+
+impl QueryProgress {
+    /// The one log line a batch gets.
+    pub fn summary(&self) -> String {
+        let malformed: u64 = self
+            .sources
+            .iter()
+            .filter_map(|s| s.metrics.get("numMalformedRows"))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum();
+        format!(
+            "batch {}: {} rows in, {} rows out, {} malformed, {} ms ({:.0} rows/s)",
+            self.batch_id,
+            self.num_input_rows,
+            self.sink.num_output_rows,
+            malformed,
+            self.duration_ms
+                .get("triggerExecution")
+                .copied()
+                .unwrap_or(0),
+            self.processed_rows_per_second
+        )
+    }
+}
+
+/// Rows per second, 0 when no time passed.
+pub fn rate(rows: u64, millis: u64) -> f64 {
+    if millis == 0 {
+        0.0
+    } else {
+        rows as f64 * 1000.0 / millis as f64
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, from ms since the epoch (no chrono needed).
+pub fn rfc3339_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        sod / 3600,
+        (sod % 3600) / 60,
+        sod % 60
+    )
+}
+
+/// Howard Hinnant's days → (year, month, day).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_timestamps() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_709_251_387_123), "2024-03-01T00:03:07.123Z");
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(rate(1000, 0), 0.0);
+        assert_eq!(rate(1000, 500), 2000.0);
+    }
+}

@@ -1,0 +1,670 @@
+//! One streaming query run micro-batch after micro-batch with Spark's
+//! checkpoint protocol, which is what makes it exactly-once:
+//!
+//! 1. plan: choose the input of batch N, write it to the source log and
+//!    `offsets/N` (atomically) before anything runs;
+//! 2. run: read exactly that input, decode, transform, hand the output to
+//!    the sink with batch id N (sinks are idempotent by batch id);
+//! 3. commit: write `commits/N`.
+//!
+//! After a crash the last `offsets/N` without `commits/N` is run again with
+//! the same input and timestamp, so the sink sees the same batch again and
+//! replaces it. See DESIGN.md §3.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::decode::{self, DecodeError, Decoder, DecoderOptions};
+use crate::failpoint::{Failpoint, Phase};
+use crate::operator::{BatchTransform, TransformError};
+use crate::plugin::{
+    BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginOptions, PluginUsage,
+    Sandbox, WasmSink, WasmTransform,
+};
+use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
+use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
+use crate::source::{FileEntry, FilesSource, SourceError};
+use crate::spec::{self, Pipeline, SinkSpec, SourceKind, Trigger};
+
+/// How long the continuous trigger waits before looking for new files again.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Offsets and commits kept for inspection (Spark's `minBatchesToRetain`).
+const BATCHES_TO_RETAIN: u64 = 100;
+
+/// A source of time, so that tests control batch timestamps.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The machine's clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// Builds a transform for the schema it will receive.
+pub type MakeTransform = Box<dyn FnOnce(&SchemaRef) -> Box<dyn BatchTransform>>;
+
+/// Process-level settings of a query run (not part of the pipeline file).
+pub struct QueryOptions {
+    /// Where compiled plugins are cached.
+    pub cache_dir: Option<PathBuf>,
+    /// Crash injection for recovery tests.
+    pub failpoint: Option<Failpoint>,
+    /// Set to stop after the current batch (SIGINT/SIGTERM).
+    pub stop: Arc<AtomicBool>,
+    pub clock: Arc<dyn Clock>,
+    /// Where a console sink prints.
+    pub console: Option<Box<dyn std::io::Write + Send>>,
+    /// The table a `memory` sink writes into.
+    pub memory_sink: Option<MemorySink>,
+    /// Transforms added after those of the pipeline file (native ones, from programs embedding the host).
+    pub extra_transforms: Vec<MakeTransform>,
+}
+
+impl std::fmt::Debug for QueryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryOptions")
+            .field("cache_dir", &self.cache_dir)
+            .field("failpoint", &self.failpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            failpoint: None,
+            stop: Arc::new(AtomicBool::new(false)),
+            clock: Arc::new(SystemClock),
+            console: None,
+            memory_sink: None,
+            extra_transforms: Vec::new(),
+        }
+    }
+}
+
+/// A query failed. Each variant names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("source {source_name}: {error}")]
+    Decoder {
+        source_name: String,
+        error: DecodeError,
+    },
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Transform(#[from] TransformError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("batch {batch_id}: {message}")]
+    Protocol { batch_id: u64, message: String },
+}
+
+/// `offsets/N`: what batch N reads, written before it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OffsetEntry {
+    pub batch_watermark_ms: i64,
+    pub batch_timestamp_ms: i64,
+    pub sources: Vec<SourceOffset>,
+}
+
+/// Where one source stands after batch N: the entry of its own log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceOffset {
+    pub name: String,
+    pub log_offset: u64,
+}
+
+/// `commits/N`: batch N finished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitEntry {
+    pub next_batch_watermark_ms: i64,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    pub batches: u64,
+    pub input_rows: u64,
+    pub output_rows: u64,
+    pub malformed_rows: u64,
+    /// The progress records of this run's batches.
+    pub last_batch_id: Option<u64>,
+}
+
+/// A started query: checkpoint locked, plugins instantiated.
+pub struct Query {
+    pipeline: Pipeline,
+    checkpoint: Checkpoint,
+    run_id: String,
+    source: FilesSource,
+    dead_letter: Option<PathBuf>,
+    transforms: Vec<Box<dyn BatchTransform>>,
+    sink: Box<dyn Sink>,
+    output_schema: SchemaRef,
+    /// A planned batch without a commit, to run again first.
+    pending: Option<u64>,
+    next_batch: u64,
+    options: QueryOptions,
+    last_trigger: Option<Instant>,
+    summary: RunSummary,
+}
+
+impl std::fmt::Debug for Query {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Query")
+            .field("name", &self.pipeline.query.name)
+            .field("run_id", &self.run_id)
+            .field("next_batch", &self.next_batch)
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Query {
+    /// Locks the checkpoint, finds where the query stands, and starts the
+    /// source, the plugins and the sink.
+    ///
+    /// # Errors
+    /// When the checkpoint is locked or damaged, or a plugin or the sink
+    /// cannot start.
+    pub fn start(pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
+        let checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
+        let last_planned = checkpoint.offsets().latest()?;
+        let last_committed = checkpoint.commits().latest()?;
+        // Read the newest entries now: a damaged log is reported before
+        // anything runs, naming the file.
+        if let Some(n) = last_planned {
+            let _: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
+        }
+        if let Some(n) = last_committed {
+            let _: Option<CommitEntry> = checkpoint.commits().get(n)?;
+        }
+        let (pending, next_batch) = match last_planned {
+            None => (None, 0),
+            Some(n) if last_committed.is_some_and(|c| c >= n) => (None, n + 1),
+            Some(n) => (Some(n), n + 1),
+        };
+
+        let source_spec = &pipeline.sources[0];
+        let SourceKind::Files(files) = &source_spec.kind;
+        let decoder = Decoder::new(
+            Arc::clone(&files.schema),
+            DecoderOptions {
+                format: match &files.format {
+                    spec::InputFormat::Json => decode::Format::JsonLines,
+                    spec::InputFormat::Csv { header, delimiter } => {
+                        decode::Format::Csv(decode::CsvOptions {
+                            header: *header,
+                            delimiter: *delimiter,
+                            quote: b'"',
+                        })
+                    }
+                },
+                policy: match files.on_malformed {
+                    spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
+                    spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
+                    spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
+                    spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
+                },
+                batch_size: 65_536,
+            },
+        )
+        .map_err(|error| QueryError::Decoder {
+            source_name: source_spec.name.clone(),
+            error,
+        })?;
+        let source = FilesSource::open(
+            source_spec.name.clone(),
+            0,
+            files.path.clone(),
+            files.max_files_per_trigger,
+            decoder,
+            &checkpoint,
+            last_planned,
+        )?;
+
+        let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
+            || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir: options.cache_dir.clone(),
+            fuel,
+        })?;
+        let mut schema = Arc::clone(source.schema());
+        let mut transforms: Vec<Box<dyn BatchTransform>> = Vec::new();
+        for t in &pipeline.transforms {
+            let loaded = engine.load(&t.name, &t.plugin)?;
+            let transform = WasmTransform::open(
+                &engine,
+                loaded,
+                PluginOptions {
+                    name: t.name.clone(),
+                    config_json: t.config.to_string(),
+                    sandbox: Sandbox {
+                        memory_bytes: t.limits.memory_bytes,
+                        timeout: t.limits.timeout,
+                        fuel: t.limits.fuel,
+                        dirs: Vec::new(),
+                    },
+                    failpoint: options.failpoint,
+                },
+                Arc::clone(&schema),
+            )?;
+            schema = Arc::clone(transform.output_schema());
+            transforms.push(Box::new(transform));
+        }
+        for make in std::mem::take(&mut options.extra_transforms) {
+            let transform = make(&schema);
+            schema = Arc::clone(transform.output_schema());
+            transforms.push(transform);
+        }
+
+        let sink: Box<dyn Sink> = match &pipeline.sink {
+            SinkSpec::Files { path, format } => Box::new(FilesSink::new(
+                path.clone(),
+                match format {
+                    spec::OutputFormat::Json => sink::files::FileFormat::Json,
+                    spec::OutputFormat::Csv => sink::files::FileFormat::Csv,
+                    spec::OutputFormat::Parquet => sink::files::FileFormat::Parquet,
+                },
+            )?),
+            SinkSpec::Console { max_rows } => Box::new(ConsoleSink::new(
+                options
+                    .console
+                    .take()
+                    .unwrap_or_else(|| Box::new(std::io::stdout())),
+                *max_rows,
+            )),
+            SinkSpec::Memory => Box::new(options.memory_sink.clone().unwrap_or_default()),
+            SinkSpec::Plugin(p) => {
+                let loaded = engine.load(&p.name, &p.plugin)?;
+                let plugin = WasmSink::open(
+                    &engine,
+                    loaded,
+                    PluginOptions {
+                        name: p.name.clone(),
+                        config_json: p.config.to_string(),
+                        sandbox: Sandbox {
+                            memory_bytes: p.limits.memory_bytes,
+                            timeout: p.limits.timeout,
+                            fuel: p.limits.fuel,
+                            dirs: p
+                                .capabilities
+                                .dirs
+                                .iter()
+                                .map(|d| DirGrant {
+                                    host: d.host.clone(),
+                                    guest: d.guest.clone(),
+                                    writable: d.writable,
+                                })
+                                .collect(),
+                        },
+                        failpoint: options.failpoint,
+                    },
+                    &schema,
+                )?;
+                Box::new(PluginSink::new(plugin))
+            }
+        };
+        let dead_letter = files.dead_letter_path.clone();
+        if let Some(n) = pending {
+            tracing::info!(
+                batch_id = n,
+                "batch {n} was planned but not committed: running it again"
+            );
+        }
+        Ok(Self {
+            pipeline,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            checkpoint,
+            source,
+            dead_letter,
+            transforms,
+            sink,
+            output_schema: schema,
+            pending,
+            next_batch,
+            options,
+            last_trigger: None,
+            summary: RunSummary::default(),
+        })
+    }
+
+    /// The query's id (stable across restarts).
+    pub fn id(&self) -> &str {
+        self.checkpoint.query_id()
+    }
+
+    /// The schema of what the sink receives.
+    pub fn output_schema(&self) -> &SchemaRef {
+        &self.output_schema
+    }
+
+    fn stopped(&self) -> bool {
+        self.options.stop.load(Ordering::Relaxed)
+    }
+
+    /// Runs batches as the trigger says, until the trigger is done, a stop is
+    /// requested, or a batch fails.
+    ///
+    /// # Errors
+    /// The first batch that fails for good; it is left uncommitted, so the
+    /// next start runs it again.
+    pub fn run(&mut self) -> Result<RunSummary, QueryError> {
+        if let Some(n) = self.pending.take() {
+            self.run_batch(n, true)?;
+        }
+        match self.pipeline.query.trigger {
+            Trigger::AvailableNow => {
+                // Spark's availableNow: what is there at start, in as many
+                // batches as the rate limit gives, then stop.
+                let mut remaining = self.source.list_new()?;
+                while !remaining.is_empty() && !self.stopped() {
+                    let files = self.source.take(&remaining, false);
+                    remaining.drain(..files.len());
+                    self.plan_and_run(files)?;
+                }
+            }
+            Trigger::Once => {
+                if self.summary.batches == 0 {
+                    let all = self.source.list_new()?;
+                    if !all.is_empty() {
+                        let files = self.source.take(&all, true);
+                        self.plan_and_run(files)?;
+                    }
+                }
+            }
+            Trigger::ProcessingTime(interval) => {
+                while !self.stopped() {
+                    let started = Instant::now();
+                    let files = self.source.take(&self.source.list_new()?, false);
+                    if !files.is_empty() {
+                        self.plan_and_run(files)?;
+                    }
+                    self.sleep(interval.saturating_sub(started.elapsed()));
+                }
+            }
+            Trigger::Continuous => {
+                while !self.stopped() {
+                    let files = self.source.take(&self.source.list_new()?, false);
+                    if files.is_empty() {
+                        self.sleep(POLL_INTERVAL);
+                    } else {
+                        self.plan_and_run(files)?;
+                    }
+                }
+            }
+        }
+        Ok(self.summary.clone())
+    }
+
+    /// Sleeps, waking early when a stop is requested.
+    fn sleep(&self, total: Duration) {
+        let until = Instant::now() + total;
+        while !self.stopped() {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Plans the next batch over `files` (durably) and runs it.
+    fn plan_and_run(&mut self, files: Vec<FileEntry>) -> Result<(), QueryError> {
+        let n = self.next_batch;
+        let started = Instant::now();
+        self.source.record(&self.checkpoint, n, &files)?;
+        self.checkpoint.offsets().put(
+            n,
+            &OffsetEntry {
+                batch_watermark_ms: 0,
+                batch_timestamp_ms: self.options.clock.now_ms(),
+                sources: vec![SourceOffset {
+                    name: self.source.name().to_owned(),
+                    log_offset: n,
+                }],
+            },
+        )?;
+        let wal_ms = millis(started.elapsed());
+        Failpoint::check(self.options.failpoint.as_ref(), Phase::AfterOffsets, n);
+        self.next_batch = n + 1;
+        self.run_planned(n, false, wal_ms, started)
+    }
+
+    /// Runs batch `n` again from its offsets entry (recovery).
+    fn run_batch(&mut self, n: u64, replay: bool) -> Result<(), QueryError> {
+        self.run_planned(n, replay, 0, Instant::now())
+    }
+
+    fn run_planned(
+        &mut self,
+        n: u64,
+        replay: bool,
+        wal_ms: u64,
+        trigger_start: Instant,
+    ) -> Result<(), QueryError> {
+        tracing::debug!(batch_id = n, replay, "starting batch {n}");
+        let entry: OffsetEntry =
+            self.checkpoint
+                .offsets()
+                .get(n)?
+                .ok_or_else(|| QueryError::Protocol {
+                    batch_id: n,
+                    message: "offsets entry vanished".into(),
+                })?;
+        let since_last = self.last_trigger.map(|t| trigger_start.duration_since(t));
+        self.last_trigger = Some(trigger_start);
+        let mut info = BatchInfo {
+            query_id: self.checkpoint.query_id().to_owned(),
+            batch_id: n,
+            attempt: u32::from(replay),
+            timestamp_micros: entry.batch_timestamp_ms.saturating_mul(1000),
+            partition: 0,
+        };
+        let retries = self.pipeline.query.max_batch_retries;
+        let usage_before = self.plugin_usages();
+        let outcome = loop {
+            match self.execute(&info) {
+                Ok(outcome) => break outcome,
+                Err(e) if info.attempt < retries + u32::from(replay) && is_retryable(&e) => {
+                    let backoff = Duration::from_millis(100 << info.attempt.min(6));
+                    tracing::warn!(batch_id = n, attempt = info.attempt, error = %e, "batch failed; retrying in {backoff:?}");
+                    self.sleep(backoff);
+                    info.attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        Failpoint::check(self.options.failpoint.as_ref(), Phase::BeforeCommit, n);
+        let commit_started = Instant::now();
+        self.checkpoint.commits().put(
+            n,
+            &CommitEntry {
+                next_batch_watermark_ms: entry.batch_watermark_ms,
+            },
+        )?;
+        if n >= BATCHES_TO_RETAIN {
+            let keep_from = n + 1 - BATCHES_TO_RETAIN;
+            self.checkpoint.offsets().purge_before(keep_from)?;
+            self.checkpoint.commits().purge_before(keep_from)?;
+        }
+        let commit_ms = millis(commit_started.elapsed());
+        let total_ms = millis(trigger_start.elapsed());
+
+        let mut duration_ms = BTreeMap::new();
+        duration_ms.insert("latestOffset", 0);
+        duration_ms.insert("walCommit", wal_ms);
+        duration_ms.insert("getBatch", outcome.get_batch_ms);
+        duration_ms.insert("addBatch", outcome.add_batch_ms);
+        duration_ms.insert("commitOffsets", commit_ms);
+        duration_ms.insert("triggerExecution", total_ms);
+        let input_rate = since_last.map_or(0.0, |d| progress::rate(outcome.input_rows, millis(d)));
+        let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
+        let mut metrics = BTreeMap::new();
+        metrics.insert("numMalformedRows", outcome.malformed_rows.to_string());
+        metrics.insert("numFiles", outcome.files.to_string());
+        let usage_after = self.plugin_usages();
+        let record = QueryProgress {
+            id: self.checkpoint.query_id().to_owned(),
+            run_id: self.run_id.clone(),
+            name: self.pipeline.query.name.clone(),
+            timestamp: progress::rfc3339_ms(entry.batch_timestamp_ms),
+            batch_id: n,
+            batch_duration: total_ms,
+            num_input_rows: outcome.input_rows,
+            input_rows_per_second: input_rate,
+            processed_rows_per_second: processed_rate,
+            duration_ms,
+            event_time: BTreeMap::new(),
+            state_operators: Vec::new(),
+            sources: vec![SourceProgress {
+                description: self.source.description(),
+                start_offset: n
+                    .checked_sub(1)
+                    .map(|p| serde_json::json!({ "logOffset": p })),
+                end_offset: serde_json::json!({ "logOffset": n }),
+                latest_offset: serde_json::json!({ "logOffset": n }),
+                num_input_rows: outcome.input_rows,
+                input_rows_per_second: input_rate,
+                processed_rows_per_second: processed_rate,
+                metrics,
+            }],
+            sink: SinkProgress {
+                description: self.sink.description(),
+                num_output_rows: outcome.output_rows,
+                metrics: BTreeMap::new(),
+            },
+            plugins: usage_after
+                .into_iter()
+                .map(|(name, sha256, after)| {
+                    let before = usage_before
+                        .iter()
+                        .find(|(n, _, _)| *n == name)
+                        .map(|(_, _, u)| u.clone())
+                        .unwrap_or_default();
+                    PluginProgress {
+                        name,
+                        sha256,
+                        calls: after.calls - before.calls,
+                        call_time_ms: (after.call_time.saturating_sub(before.call_time))
+                            .as_secs_f64()
+                            * 1000.0,
+                        instantiations: after.instantiations - before.instantiations,
+                        fuel_consumed: after.fuel_consumed - before.fuel_consumed,
+                    }
+                })
+                .collect(),
+        };
+        let json = serde_json::to_value(&record).map_err(|e| QueryError::Protocol {
+            batch_id: n,
+            message: format!("cannot serialise progress: {e}"),
+        })?;
+        self.checkpoint.append_progress(&json)?;
+        tracing::info!(query = %self.pipeline.query.name, batch_id = n, "{}", record.summary());
+        self.summary.batches += 1;
+        self.summary.input_rows += outcome.input_rows;
+        self.summary.output_rows += outcome.output_rows;
+        self.summary.malformed_rows += outcome.malformed_rows;
+        self.summary.last_batch_id = Some(n);
+        Ok(())
+    }
+
+    fn plugin_usages(&self) -> Vec<(String, String, PluginUsage)> {
+        self.transforms
+            .iter()
+            .filter_map(|t| t.plugin_usage())
+            .chain(self.sink.plugin_usage())
+            .collect()
+    }
+
+    /// Reads, transforms and writes batch `info.batch_id`; no checkpoint writes.
+    fn execute(&mut self, info: &BatchInfo) -> Result<Outcome, QueryError> {
+        let n = info.batch_id;
+        let get_started = Instant::now();
+        let files = self.source.planned(&self.checkpoint, n)?;
+        let decoded = self.source.read(n, &files)?;
+        if let Some(dir) = &self.dead_letter
+            && !decoded.malformed.is_empty()
+        {
+            decode::write_dead_letters(dir, n, &decoded.malformed).map_err(|error| {
+                QueryError::Decoder {
+                    source_name: self.source.name().to_owned(),
+                    error,
+                }
+            })?;
+        }
+        let get_batch_ms = millis(get_started.elapsed());
+        let add_started = Instant::now();
+        let mut outputs: Vec<RecordBatch> = Vec::with_capacity(decoded.batches.len());
+        for batch in decoded.batches {
+            let mut batch = batch;
+            for t in &mut self.transforms {
+                if batch.num_rows() == 0 {
+                    break;
+                }
+                batch = t.process(&batch, info)?;
+            }
+            if batch.num_rows() > 0 {
+                outputs.push(batch);
+            }
+        }
+        let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
+        Ok(Outcome {
+            files: files.len(),
+            input_rows: decoded.num_input_rows,
+            malformed_rows: decoded.num_malformed,
+            output_rows,
+            get_batch_ms,
+            add_batch_ms: millis(add_started.elapsed()),
+        })
+    }
+}
+
+struct Outcome {
+    files: usize,
+    input_rows: u64,
+    malformed_rows: u64,
+    output_rows: u64,
+    get_batch_ms: u64,
+    add_batch_ms: u64,
+}
+
+fn is_retryable(e: &QueryError) -> bool {
+    match e {
+        QueryError::Transform(t) => t.is_retryable(),
+        QueryError::Plugin(p) => p.is_retryable(),
+        QueryError::Sink(s) => s.is_retryable(),
+        QueryError::Source(SourceError::Read { .. }) => true,
+        _ => false,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

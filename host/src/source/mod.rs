@@ -1,0 +1,10 @@
+//! Where a query's input comes from. A source plans a batch (which data it
+//! will read, recorded in the checkpoint before anything runs) and later
+//! reads exactly that data, as often as a replay asks for it.
+//!
+//! # Layout
+//! - `files`: a folder of JSON-lines or CSV files, new files each batch.
+
+pub mod files;
+
+pub use files::{FileEntry, FilesSource, SourceError};

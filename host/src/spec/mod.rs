@@ -1,0 +1,373 @@
+//! The pipeline file (TOML): loading, `--set` overrides and validation into typed specs.
+//!
+//! A streaming query can run for weeks, so every mistake in its file must surface before the first
+//! batch, all at once, each with the key path to fix (`source.orders.schema`,
+//! `transform[1].limits.memory`). Nothing downstream re-checks the settings: the rest of the host
+//! receives a [`Pipeline`] whose values are already typed (durations, sizes, an Arrow schema,
+//! resolved paths). The key names are the contract of DESIGN.md §8 and are never renamed.
+//!
+//! # Layout
+//! - `mod.rs`: the public types, [`load`] and [`parse`].
+//! - `overrides.rs`: `--set KEY=VALUE` applied to the TOML tree before anything else.
+//! - `raw.rs`: the file as serde sees it (`deny_unknown_fields`), read tolerantly so that every
+//!   unknown key and wrongly typed value is reported, not only the first.
+//! - `validate.rs`: the semantic pass from the raw structs to [`Pipeline`].
+//! - `ddl.rs`: Spark DDL schema strings → Arrow schemas.
+//! - `duration.rs`, `size.rs`: "30s" / "10 minutes" and "64 MiB" / "1 GiB".
+
+pub mod ddl;
+pub mod duration;
+mod overrides;
+mod raw;
+pub mod size;
+mod validate;
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use ddl::parse_schema;
+pub use duration::{HumanDuration, format_duration, parse_duration};
+pub use size::{ByteSize, format_byte_size, parse_byte_size};
+
+/// A validated pipeline file: one query, its sources, transforms and sink.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// The `[query]` table.
+    pub query: QuerySpec,
+    /// The `[[source]]` tables (exactly one for now).
+    pub sources: Vec<SourceSpec>,
+    /// The `[[transform]]` tables, in the order they apply.
+    pub transforms: Vec<TransformSpec>,
+    /// The `[sink]` table.
+    pub sink: SinkSpec,
+    /// The folder relative paths were resolved against (the pipeline file's folder).
+    pub base_dir: PathBuf,
+}
+
+/// The `[query]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuerySpec {
+    /// `name`: `[A-Za-z0-9_.-]+`.
+    pub name: String,
+    /// `checkpoint`, resolved against the pipeline file's folder.
+    pub checkpoint: PathBuf,
+    /// `trigger`; [`Trigger::Continuous`] when absent.
+    pub trigger: Trigger,
+    /// `output_mode`; append when absent.
+    pub output_mode: OutputMode,
+    /// `max_batch_retries`: retries of a batch failing with a retryable error (default 2).
+    pub max_batch_retries: u32,
+}
+
+/// When batches start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// `"available-now"`: process everything available, in as many batches as the rate limits
+    /// require, then stop.
+    AvailableNow,
+    /// `"once"`: one batch with everything available (rate limits ignored), then stop.
+    Once,
+    /// A duration such as `"30s"`: a batch starts every interval (or when the previous one ends,
+    /// if it took longer).
+    ProcessingTime(Duration),
+    /// No `trigger` key: the next batch starts as soon as the previous one ends.
+    Continuous,
+}
+
+/// Which rows a batch hands to the sink (DESIGN.md §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// `"append"` (default).
+    Append,
+    /// `"update"`.
+    Update,
+    /// `"complete"`.
+    Complete,
+}
+
+/// One `[[source]]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceSpec {
+    /// `name`, unique among sources.
+    pub name: String,
+    /// `kind` and the keys that go with it.
+    pub kind: SourceKind,
+}
+
+/// The kind of a source, with its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceKind {
+    /// `kind = "files"`: new files appearing in a folder.
+    Files(FilesSourceSpec),
+}
+
+/// A `kind = "files"` source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilesSourceSpec {
+    /// `path`: the folder watched (resolved; it need not exist yet).
+    pub path: PathBuf,
+    /// `format` and, for CSV, the `csv` options.
+    pub format: InputFormat,
+    /// `schema`, parsed from Spark DDL.
+    pub schema: arrow_schema::SchemaRef,
+    /// `max_files_per_trigger`: at most this many new files per batch.
+    pub max_files_per_trigger: Option<NonZeroUsize>,
+    /// `on_malformed`: what to do with a row that does not match the schema.
+    pub on_malformed: OnMalformed,
+    /// `dead_letter_path` (resolved), present iff `on_malformed = "dead-letter"`.
+    pub dead_letter_path: Option<PathBuf>,
+}
+
+/// The format of a files source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// `"json"`: JSON lines.
+    Json,
+    /// `"csv"`, with `csv = { header, delimiter }` (defaults: no header, as in Spark; ',').
+    Csv {
+        /// The first line of each file is a header, not data.
+        header: bool,
+        /// The field separator, one ASCII character.
+        delimiter: u8,
+    },
+}
+
+/// What a source does with a malformed row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMalformed {
+    /// `"permissive"` (default): keep the row, with nulls where fields could not be read.
+    Permissive,
+    /// `"drop"`: skip the row (and count it).
+    Drop,
+    /// `"fail"`: fail the batch.
+    Fail,
+    /// `"dead-letter"`: skip the row and write it to `dead_letter_path`.
+    DeadLetter,
+}
+
+/// One `[[transform]]` table: a Wasm plugin applied to every batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformSpec {
+    /// `name`; by default the plugin's file stem.
+    pub name: String,
+    /// `plugin`: the `.wasm` component (resolved; it exists).
+    pub plugin: PathBuf,
+    /// `config`, handed to the plugin as JSON (`{}` when absent).
+    pub config: serde_json::Value,
+    /// `limits`.
+    pub limits: PluginLimits,
+}
+
+/// Resource limits of a plugin instance (`limits = { memory, timeout, fuel }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PluginLimits {
+    /// `memory`: the most linear memory the instance may grow to (default 256 MiB).
+    pub memory_bytes: u64,
+    /// `timeout`: wall-clock deadline of one call (default 30s).
+    pub timeout: Duration,
+    /// `fuel`: instructions budget of one call (default: unlimited).
+    pub fuel: Option<u64>,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_secs(30),
+            fuel: None,
+        }
+    }
+}
+
+/// The `[sink]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkSpec {
+    /// `kind = "files"`: one file per batch, named by the batch id, under `path`.
+    Files {
+        /// `path` (resolved).
+        path: PathBuf,
+        /// `format` (default parquet).
+        format: OutputFormat,
+    },
+    /// `kind = "console"`: print each batch as a table.
+    Console {
+        /// `max_rows` printed per batch (default 20).
+        max_rows: usize,
+    },
+    /// `kind = "memory"`: keep the output in memory (tests, the REPL).
+    Memory,
+    /// `kind = "plugin"`: a Wasm foreachBatch sink.
+    Plugin(PluginSinkSpec),
+}
+
+/// The file format of a files sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// `"json"`: JSON lines.
+    Json,
+    /// `"csv"`, with a header line.
+    Csv,
+    /// `"parquet"` (default).
+    Parquet,
+}
+
+/// A `kind = "plugin"` sink.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSinkSpec {
+    /// `name`; by default the plugin's file stem.
+    pub name: String,
+    /// `plugin`: the `.wasm` component (resolved; it exists).
+    pub plugin: PathBuf,
+    /// `config`, handed to the plugin as JSON (`{}` when absent).
+    pub config: serde_json::Value,
+    /// `limits`.
+    pub limits: PluginLimits,
+    /// `capabilities`: what the sandbox grants beyond nothing.
+    pub capabilities: Capabilities,
+}
+
+/// What a plugin may reach outside its sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// `dirs`: host folders preopened in the guest.
+    pub dirs: Vec<DirGrant>,
+}
+
+/// One `{ host, guest, writable }` entry of `capabilities.dirs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirGrant {
+    /// `host`: the folder on the host (resolved against the pipeline file's folder).
+    pub host: PathBuf,
+    /// `guest`: the absolute path the plugin sees, e.g. "/out".
+    pub guest: String,
+    /// `writable` (default false).
+    pub writable: bool,
+}
+
+/// One thing wrong with a pipeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// Where: a key path such as `source.orders.schema`, `transform[1].limits.memory`,
+    /// `--set KEY` for a bad override, or `line L, column C` for a TOML syntax error.
+    pub path: String,
+    /// What is wrong and what is allowed instead.
+    pub message: String,
+}
+
+impl Problem {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one pipeline file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", render(self))]
+pub struct SpecErrors {
+    /// The file (or the `origin` given to [`parse`]).
+    pub origin: String,
+    /// The problems, in the order found; never empty.
+    pub problems: Vec<Problem>,
+}
+
+fn render(errors: &SpecErrors) -> String {
+    let mut text = format!("{}: {} problem(s):", errors.origin, errors.problems.len());
+    for problem in &errors.problems {
+        text.push_str("\n  - ");
+        text.push_str(&problem.to_string());
+    }
+    text
+}
+
+/// Reads and validates the pipeline file at `path`, after applying `overrides` ("KEY=VALUE").
+///
+/// Relative paths in the file resolve against the file's folder.
+///
+/// # Errors
+/// [`SpecErrors`] naming the file: one problem if it cannot be read or is not valid TOML,
+/// otherwise every problem found (see [`parse`]).
+pub fn load(path: &Path, overrides: &[String]) -> Result<Pipeline, SpecErrors> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|err| SpecErrors {
+        origin: origin.clone(),
+        problems: vec![Problem::new(
+            "",
+            format!("cannot read the pipeline file: {err}"),
+        )],
+    })?;
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    // `absolute` does no I/O; it fails only for an empty path, which `folder` never is.
+    let base_dir = std::path::absolute(folder).unwrap_or_else(|_| folder.to_path_buf());
+    parse(&text, &base_dir, &origin, overrides)
+}
+
+/// Validates pipeline-file text. `base_dir` is the folder relative paths resolve against;
+/// `origin` names the text in errors; `overrides` ("KEY=VALUE") are applied before validation.
+///
+/// # Errors
+/// [`SpecErrors`] with every problem found: TOML syntax (one problem, with line and column), bad
+/// overrides, unknown keys, wrongly typed values, missing required keys, and semantic problems
+/// (bad schema DDL, durations, sizes, enum values, duplicate names, missing plugin files, ...).
+pub fn parse(
+    text: &str,
+    base_dir: &Path,
+    origin: &str,
+    overrides: &[String],
+) -> Result<Pipeline, SpecErrors> {
+    let fail = |problems: Vec<Problem>| SpecErrors {
+        origin: origin.to_string(),
+        problems,
+    };
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|err: toml::de::Error| fail(vec![syntax_problem(text, &err)]))?;
+    let mut problems = Vec::new();
+    overrides::apply(&mut table, overrides, &mut problems);
+    let mut collector = validate::Collector::new(problems);
+    let pipeline = raw::read(table, &mut collector)
+        .and_then(|raw| validate::pipeline(raw, base_dir, &mut collector));
+    match pipeline {
+        Some(pipeline) if collector.problems.is_empty() => Ok(pipeline),
+        _ => {
+            let mut problems = collector.problems;
+            if problems.is_empty() {
+                // Every path that yields no pipeline records a problem; this is a safety net.
+                problems.push(Problem::new("", "the pipeline is incomplete"));
+            }
+            Err(fail(problems))
+        }
+    }
+}
+
+fn syntax_problem(text: &str, err: &toml::de::Error) -> Problem {
+    let message = format!("invalid TOML: {}", err.message().trim_end());
+    let Some(span) = err.span() else {
+        return Problem::new("", message);
+    };
+    let offset = span.start.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    Problem::new(format!("line {line}, column {column}"), message)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,857 @@
+use std::path::Path;
+use std::time::Duration;
+
+use arrow_schema::{DataType, TimeUnit};
+
+use super::*;
+
+/// The example of the issue, verbatim: every key this version understands.
+const EXAMPLE: &str = r#"
+[query]
+name = "revenue_5m"                      # required, [A-Za-z0-9_.-]+
+checkpoint = "checkpoints/revenue_5m"     # required; relative paths resolve against the pipeline file's folder
+trigger = "available-now"                 # "available-now" | "once" | a duration such as "30s" (processing-time); absent = continuous (next batch as soon as the previous ends)
+output_mode = "append"                    # append | update | complete (default append)
+max_batch_retries = 2                     # optional, retries of a batch failing with a retryable error (default 2)
+
+[[source]]                                # exactly one source for now (say so in the error if several)
+name = "orders"                           # required, unique
+kind = "files"                            # only files for now
+path = "data/orders"                      # folder
+format = "json"                           # json (JSON lines) | csv
+schema = "order_id BIGINT, customer_id BIGINT, status STRING, amount DECIMAL(12,2), occurred_at TIMESTAMP, session_id STRING"
+max_files_per_trigger = 1                 # optional positive integer
+on_malformed = "permissive"               # permissive (default) | drop | fail | dead-letter
+
+[[transform]]                             # zero or more, applied in order
+name = "keep_completed"                   # optional; default: the plugin file stem
+plugin = "plugins/filter_rows.wasm"       # required, must end in .wasm
+config = { column = "status", equals = "completed" }   # optional table, handed to the plugin as JSON
+limits = { memory = "64 MiB", timeout = "10s", fuel = 1000000000 }  # optional; defaults memory 256 MiB, timeout 30s, no fuel
+
+[sink]
+kind = "files"                            # files | console | plugin | memory
+path = "out/revenue"                      # files: required
+format = "parquet"                        # files: json | csv | parquet (default parquet)
+"#;
+
+/// A folder holding the plugin files the example refers to.
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for plugin in [
+        "plugins/filter_rows.wasm",
+        "plugins/normalize_status.wasm",
+        "sinks/jsonl_sink.wasm",
+    ] {
+        let path = dir.path().join(plugin);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"\0asm").unwrap();
+    }
+    dir
+}
+
+fn parse_in(dir: &Path, text: &str, overrides: &[&str]) -> Result<Pipeline, SpecErrors> {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    parse(text, dir, "pipeline.toml", &overrides)
+}
+
+/// The problems as (path, message) pairs, for exact comparisons.
+fn problems(dir: &Path, text: &str, overrides: &[&str]) -> Vec<(String, String)> {
+    match parse_in(dir, text, overrides) {
+        Ok(p) => panic!("expected problems, got {p:#?}"),
+        Err(e) => e
+            .problems
+            .into_iter()
+            .map(|p| (p.path, p.message))
+            .collect(),
+    }
+}
+
+fn paths(list: &[(String, String)]) -> Vec<&str> {
+    list.iter().map(|(p, _)| p.as_str()).collect()
+}
+
+fn files_source(p: &Pipeline) -> &FilesSourceSpec {
+    let SourceKind::Files(files) = &p.sources[0].kind;
+    files
+}
+
+/// A valid file with only the required keys, to which tests add or change lines.
+const MINIMAL: &str = r#"
+[query]
+name = "q"
+checkpoint = "cp"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "in"
+format = "json"
+schema = "id BIGINT"
+
+[sink]
+kind = "memory"
+"#;
+
+#[test]
+fn example_round_trips_to_the_expected_pipeline() {
+    let dir = workspace();
+    let base = dir.path();
+    let pipeline = parse_in(base, EXAMPLE, &[]).unwrap();
+    let schema = parse_schema(
+        "order_id BIGINT, customer_id BIGINT, status STRING, amount DECIMAL(12,2), occurred_at TIMESTAMP, session_id STRING",
+    )
+    .unwrap();
+    let expected = Pipeline {
+        query: QuerySpec {
+            name: "revenue_5m".into(),
+            checkpoint: base.join("checkpoints/revenue_5m"),
+            trigger: Trigger::AvailableNow,
+            output_mode: OutputMode::Append,
+            max_batch_retries: 2,
+        },
+        sources: vec![SourceSpec {
+            name: "orders".into(),
+            kind: SourceKind::Files(FilesSourceSpec {
+                path: base.join("data/orders"),
+                format: InputFormat::Json,
+                schema: std::sync::Arc::new(schema),
+                max_files_per_trigger: NonZeroUsize::new(1),
+                on_malformed: OnMalformed::Permissive,
+                dead_letter_path: None,
+            }),
+        }],
+        transforms: vec![TransformSpec {
+            name: "keep_completed".into(),
+            plugin: base.join("plugins/filter_rows.wasm"),
+            config: serde_json::json!({ "column": "status", "equals": "completed" }),
+            limits: PluginLimits {
+                memory_bytes: 64 << 20,
+                timeout: Duration::from_secs(10),
+                fuel: Some(1_000_000_000),
+            },
+        }],
+        sink: SinkSpec::Files {
+            path: base.join("out/revenue"),
+            format: OutputFormat::Parquet,
+        },
+        base_dir: base.to_path_buf(),
+    };
+    assert_eq!(pipeline, expected);
+    let amount = files_source(&pipeline).schema.field(3).clone();
+    assert_eq!(amount.data_type(), &DataType::Decimal128(12, 2));
+    assert_eq!(
+        files_source(&pipeline).schema.field(4).data_type(),
+        &DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))
+    );
+}
+
+#[test]
+fn defaults_apply_when_keys_are_absent() {
+    let dir = workspace();
+    let text = format!("{MINIMAL}\n[[transform]]\nplugin = \"plugins/normalize_status.wasm\"\n");
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    assert_eq!(p.query.trigger, Trigger::Continuous);
+    assert_eq!(p.query.output_mode, OutputMode::Append);
+    assert_eq!(p.query.max_batch_retries, 2);
+    let files = files_source(&p);
+    assert_eq!(files.on_malformed, OnMalformed::Permissive);
+    assert_eq!(files.max_files_per_trigger, None);
+    assert_eq!(files.dead_letter_path, None);
+    assert_eq!(p.transforms[0].name, "normalize_status");
+    assert_eq!(p.transforms[0].config, serde_json::json!({}));
+    assert_eq!(
+        p.transforms[0].limits,
+        PluginLimits {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_secs(30),
+            fuel: None
+        }
+    );
+    assert_eq!(p.sink, SinkSpec::Memory);
+}
+
+#[test]
+fn many_problems_are_reported_together_with_their_paths() {
+    let dir = workspace();
+    let text = r#"
+[query]
+name = "revenue 5m"
+checkpoint = "cp"
+trigger = "soon"
+output_mode = "sometimes"
+state_store = "rocksdb"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "in"
+format = "json"
+schema = "id BIGINT, amount MONEY"
+max_file_per_trigger = 1
+on_malformed = "dead-letter"
+csv = { header = true }
+
+[[transform]]
+plugin = "plugins/filter_rows.so"
+
+[[transform]]
+plugin = "plugins/missing.wasm"
+limits = { memory = "64 MB x", timeout = "forever", fuel = 0 }
+
+[watermark]
+column = "ts"
+delay = "10 minutes"
+
+[sink]
+kind = "delta"
+path = "t"
+"#;
+    let found = problems(dir.path(), text, &[]);
+    let missing = dir.path().join("plugins/missing.wasm");
+    let expected: Vec<(String, String)> = vec![
+        ("query.state_store", "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries)"),
+        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv)"),
+        ("watermark", "unknown key (known keys: query, source, transform, sink)"),
+        ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
+        ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
+        ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
+        ("source.orders.csv", "csv options apply only to format = \"csv\" (format is \"json\")"),
+        ("source.orders.schema", "column 2 (\"amount\"): unknown type MONEY at character 19; known types: BIGINT (LONG), INT (INTEGER), DOUBLE, DECIMAL(p,s), STRING, BOOLEAN, TIMESTAMP, DATE"),
+        ("source.orders.dead_letter_path", "required when on_malformed = \"dead-letter\": the folder for malformed rows"),
+        ("transform[0].plugin", "\"plugins/filter_rows.so\" is not a Wasm component: the path must end in .wasm"),
+        ("transform[1].plugin", &format!("no such file: {}", missing.display())),
+        ("transform[1].limits.memory", "\"64 MB x\" is not a size: unknown unit \"MB x\"; use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\""),
+        ("transform[1].limits.timeout", "\"forever\" is not a duration: expected a number at \"forever\"; write e.g. \"30s\" or \"1h 30m\""),
+        ("transform[1].limits.fuel", "must be a positive integer, not 0"),
+        ("sink.kind", "\"delta\" is not a sink kind: use \"files\", \"console\", \"plugin\" or \"memory\""),
+    ]
+    .into_iter()
+    .map(|(p, m)| (p.to_string(), m.to_string()))
+    .collect();
+    assert_eq!(found, expected);
+
+    let err = parse_in(dir.path(), text, &[]).unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with("pipeline.toml: 15 problem(s):\n  - query.state_store: unknown key"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\n  - sink.kind: \"delta\" is not a sink kind"),
+        "{shown}"
+    );
+    assert_eq!(shown.lines().count(), 16);
+}
+
+#[test]
+fn wrongly_typed_keys_are_reported_once_not_also_as_missing() {
+    let dir = workspace();
+    let text = r#"
+[query]
+name = 5
+checkpoint = ["cp"]
+max_batch_retries = "two"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "in"
+format = "json"
+schema = "id BIGINT"
+csv = { header = "yes", quote = "'" }
+
+[sink]
+kind = "console"
+max_rows = "many"
+"#;
+    let found = problems(dir.path(), text, &[]);
+    assert_eq!(
+        found,
+        vec![
+            (
+                "query.checkpoint".into(),
+                "invalid type: array, expected a string".into()
+            ),
+            (
+                "query.max_batch_retries".into(),
+                "invalid type: string \"two\", expected an integer".into()
+            ),
+            (
+                "query.name".into(),
+                "invalid type: integer `5`, expected a string".into()
+            ),
+            (
+                "sink.max_rows".into(),
+                "invalid type: string \"many\", expected an integer".into()
+            ),
+            (
+                "source.orders.csv.header".into(),
+                "invalid type: string \"yes\", expected a boolean".into()
+            ),
+            (
+                "source.orders.csv.quote".into(),
+                "unknown key (known keys: header, delimiter)".into()
+            ),
+            (
+                "source.orders.csv".into(),
+                "csv options apply only to format = \"csv\" (format is \"json\")".into()
+            ),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn missing_tables_and_keys_are_named() {
+    let dir = workspace();
+    let found = problems(dir.path(), "[query]\n[[source]]\n[sink]\n", &[]);
+    assert_eq!(
+        paths(&found),
+        vec![
+            "query.name",
+            "query.checkpoint",
+            "source[0].name",
+            "source[0].kind",
+            "source[0].path",
+            "source[0].format",
+            "source[0].schema",
+            "sink.kind",
+        ]
+    );
+    assert_eq!(found[3].1, "required key is missing: use \"files\"");
+    assert_eq!(
+        found[5].1,
+        "required key is missing: use \"json\" or \"csv\""
+    );
+    assert_eq!(
+        found[7].1,
+        "required key is missing: use \"files\", \"console\", \"plugin\" or \"memory\""
+    );
+
+    let found = problems(dir.path(), "", &[]);
+    assert_eq!(
+        found,
+        vec![
+            ("query".into(), "required table [query] is missing".into()),
+            (
+                "source".into(),
+                "required: one [[source]] table (none given)".into()
+            ),
+            ("sink".into(), "required table [sink] is missing".into()),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn a_single_source_table_asks_for_an_array_of_tables() {
+    let dir = workspace();
+    let text = MINIMAL.replace("[[source]]", "[source]");
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![(
+            "source".to_string(),
+            "expected an array of tables: write [[source]] for each source".to_string()
+        )]
+    );
+}
+
+#[test]
+fn several_sources_and_duplicate_names_are_refused() {
+    let dir = workspace();
+    let text = format!(
+        "{MINIMAL}\n[[source]]\nname = \"orders\"\nkind = \"kafka\"\n\n[[source]]\nname = \"refunds\"\nkind = \"files\"\npath = \"r\"\nformat = \"csv\"\nschema = \"id INT\"\n"
+    );
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![
+            ("source".into(), "3 sources given (source.orders, source.orders, source.refunds); only one [[source]] is supported for now".into()),
+            ("source.orders.name".into(), "duplicate source name \"orders\" (also source number 1): source names must be unique".into()),
+            ("source.orders.kind".into(), "\"kafka\" is not a source kind: use \"files\"".into()),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn csv_options_and_malformed_modes() {
+    let dir = workspace();
+    let text = MINIMAL
+        .replace("format = \"json\"", "format = \"csv\"\ncsv = { header = true, delimiter = \"\\t\" }\non_malformed = \"dead-letter\"\ndead_letter_path = \"/var/dead\"");
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    let files = files_source(&p);
+    assert_eq!(
+        files.format,
+        InputFormat::Csv {
+            header: true,
+            delimiter: b'\t'
+        }
+    );
+    assert_eq!(files.on_malformed, OnMalformed::DeadLetter);
+    assert_eq!(
+        files.dead_letter_path.as_deref(),
+        Some(Path::new("/var/dead"))
+    );
+
+    // CSV without options: Spark's defaults.
+    let text = MINIMAL.replace(
+        "format = \"json\"",
+        "format = \"csv\"\non_malformed = \"drop\"",
+    );
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    assert_eq!(
+        files_source(&p).format,
+        InputFormat::Csv {
+            header: false,
+            delimiter: b','
+        }
+    );
+    assert_eq!(files_source(&p).on_malformed, OnMalformed::Drop);
+
+    let text = MINIMAL.replace(
+        "format = \"json\"",
+        "format = \"parquet\"\non_malformed = \"ignore\"\ndead_letter_path = \"d\"\ncsv = { delimiter = \";;\" }",
+    );
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![
+            ("source.orders.format".into(), "\"parquet\" is not a source format: use \"json\" or \"csv\"".into()),
+            ("source.orders.on_malformed".into(), "\"ignore\" is not an on_malformed mode: use \"permissive\", \"drop\", \"fail\" or \"dead-letter\"".into()),
+        ] as Vec<(String, String)>
+    );
+
+    let text = MINIMAL.replace(
+        "format = \"json\"",
+        "format = \"csv\"\non_malformed = \"fail\"\ndead_letter_path = \"d\"\ncsv = { delimiter = \";;\" }\nmax_files_per_trigger = -3",
+    );
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![
+            ("source.orders.csv.delimiter".into(), "\";;\" is not a delimiter: use one ASCII character other than a quote or a line break, such as \",\", \";\" or \"\\t\"".into()),
+            ("source.orders.max_files_per_trigger".into(), "must be a positive integer, not -3".into()),
+            ("source.orders.dead_letter_path".into(), "only used with on_malformed = \"dead-letter\" (on_malformed is \"fail\"); remove it or set on_malformed = \"dead-letter\"".into()),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn triggers_and_output_modes() {
+    let dir = workspace();
+    let with = |extra: &str| {
+        MINIMAL.replace(
+            "checkpoint = \"cp\"",
+            &format!("checkpoint = \"cp\"\n{extra}"),
+        )
+    };
+    let trigger = |extra: &str| parse_in(dir.path(), &with(extra), &[]).map(|p| p.query.trigger);
+    assert_eq!(trigger("trigger = \"once\"").unwrap(), Trigger::Once);
+    assert_eq!(
+        trigger("trigger = \"available-now\"").unwrap(),
+        Trigger::AvailableNow
+    );
+    assert_eq!(
+        trigger("trigger = \"1h 30m\"").unwrap(),
+        Trigger::ProcessingTime(Duration::from_secs(5400))
+    );
+    assert_eq!(
+        trigger("trigger = \"500ms\"").unwrap(),
+        Trigger::ProcessingTime(Duration::from_millis(500))
+    );
+    let found = problems(dir.path(), &with("trigger = \"30 parsecs\""), &[]);
+    assert_eq!(
+        found[0].1,
+        "\"30 parsecs\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\" (unknown unit \"parsecs\"; use ms, s, m, h or d (or sec, min, hour, day and their plurals))"
+    );
+    let found = problems(dir.path(), &with("trigger = \"0s\""), &[]);
+    assert_eq!(found[0].0, "query.trigger");
+    assert!(found[0].1.contains("longer than zero"), "{}", found[0].1);
+
+    let mode = |m: &str| {
+        parse_in(dir.path(), &with(&format!("output_mode = \"{m}\"")), &[])
+            .unwrap()
+            .query
+            .output_mode
+    };
+    assert_eq!(mode("update"), OutputMode::Update);
+    assert_eq!(mode("complete"), OutputMode::Complete);
+    let retries = parse_in(dir.path(), &with("max_batch_retries = 0"), &[]).unwrap();
+    assert_eq!(retries.query.max_batch_retries, 0);
+    let found = problems(dir.path(), &with("max_batch_retries = -1"), &[]);
+    assert_eq!(
+        found,
+        vec![(
+            "query.max_batch_retries".to_string(),
+            "-1 is not a retry count: use 0 or a positive integer".to_string()
+        )]
+    );
+}
+
+#[test]
+fn sink_kinds_and_their_keys() {
+    let dir = workspace();
+    let with_sink = |sink: &str| MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+
+    let p = parse_in(dir.path(), &with_sink("[sink]\nkind = \"console\"\n"), &[]).unwrap();
+    assert_eq!(p.sink, SinkSpec::Console { max_rows: 20 });
+    let p = parse_in(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"console\"\nmax_rows = 5\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(p.sink, SinkSpec::Console { max_rows: 5 });
+    let p = parse_in(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"files\"\npath = \"out\"\nformat = \"csv\"\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        p.sink,
+        SinkSpec::Files {
+            path: dir.path().join("out"),
+            format: OutputFormat::Csv
+        }
+    );
+
+    let found = problems(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"files\"\nformat = \"avro\"\nmax_rows = 3\n"),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![
+            (
+                "sink.max_rows".into(),
+                "not a key of a files sink (its keys: kind, path, format)".into()
+            ),
+            ("sink.path".into(), "required key is missing".into()),
+            (
+                "sink.format".into(),
+                "\"avro\" is not a files sink format: use \"json\", \"csv\" or \"parquet\"".into()
+            ),
+        ] as Vec<(String, String)>
+    );
+    let found = problems(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"memory\"\npath = \"x\"\n"),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![(
+            "sink.path".to_string(),
+            "not a key of a memory sink (it takes only kind)".to_string()
+        )]
+    );
+    let found = problems(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"plugin\"\nconfig = { a = 1 }\n"),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![(
+            "sink.plugin".to_string(),
+            "required key is missing: the path of a .wasm component".to_string()
+        )]
+    );
+}
+
+#[test]
+fn plugin_sink_with_capabilities_limits_and_config() {
+    let dir = workspace();
+    let sink = r#"[sink]
+kind = "plugin"
+plugin = "sinks/jsonl_sink.wasm"
+config = { prefix = "batch", nested = { list = [1, 2.5, true, "x"] }, when = 2024-01-02T03:04:05Z }
+limits = { memory = 1048576, timeout = "1 minute" }
+capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { host = "/etc/ref", guest = "/ref" } ] }
+"#;
+    let text = MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    let expected = SinkSpec::Plugin(PluginSinkSpec {
+        name: "jsonl_sink".into(),
+        plugin: dir.path().join("sinks/jsonl_sink.wasm"),
+        config: serde_json::json!({
+            "prefix": "batch",
+            "nested": { "list": [1, 2.5, true, "x"] },
+            "when": "2024-01-02T03:04:05Z"
+        }),
+        limits: PluginLimits {
+            memory_bytes: 1_048_576,
+            timeout: Duration::from_secs(60),
+            fuel: None,
+        },
+        capabilities: Capabilities {
+            dirs: vec![
+                DirGrant {
+                    host: dir.path().join("out"),
+                    guest: "/out".into(),
+                    writable: true,
+                },
+                DirGrant {
+                    host: "/etc/ref".into(),
+                    guest: "/ref".into(),
+                    writable: false,
+                },
+            ],
+        },
+    });
+    assert_eq!(p.sink, expected);
+
+    let bad = r#"[sink]
+kind = "plugin"
+name = ""
+plugin = "sinks"
+config = { x = nan }
+limits = { memory = "5 GiB", timeout = "0s", extra = 1 }
+capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { host = "b", guest = "/a", mode = "rw" } ], http = ["x"] }
+"#;
+    std::fs::create_dir_all(dir.path().join("sinks.wasm")).unwrap();
+    let text = MINIMAL.replace(
+        "[sink]\nkind = \"memory\"\n",
+        &bad.replace("\"sinks\"", "\"sinks.wasm\""),
+    );
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![
+            (
+                "sink.capabilities.dirs[2].mode".into(),
+                "unknown key (known keys: host, guest, writable)".into()
+            ),
+            (
+                "sink.capabilities.http".into(),
+                "unknown key (known keys: dirs)".into()
+            ),
+            (
+                "sink.limits.extra".into(),
+                "unknown key (known keys: memory, timeout, fuel)".into()
+            ),
+            (
+                "sink.name".into(),
+                "must not be empty (leave it out to use the plugin's file name)".into()
+            ),
+            (
+                "sink.plugin".into(),
+                format!(
+                    "{} is a folder, not a .wasm file",
+                    dir.path().join("sinks.wasm").display()
+                )
+            ),
+            (
+                "sink.config.x".into(),
+                "NaN cannot be handed to a plugin as JSON: use a finite number".into()
+            ),
+            (
+                "sink.limits.memory".into(),
+                "5 GiB is more than a 32-bit Wasm memory can hold: use at most 4 GiB".into()
+            ),
+            (
+                "sink.limits.timeout".into(),
+                "must be longer than zero".into()
+            ),
+            (
+                "sink.capabilities.dirs[0].guest".into(),
+                "\"out\" is not an absolute guest path: write it as \"/out\"".into()
+            ),
+            (
+                "sink.capabilities.dirs[1].host".into(),
+                "required key is missing".into()
+            ),
+            (
+                "sink.capabilities.dirs[2].guest".into(),
+                "\"/a\" is granted twice (also dirs[1])".into()
+            ),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn overrides_change_keys_before_validation() {
+    let dir = workspace();
+    let p = parse_in(
+        dir.path(),
+        EXAMPLE,
+        &[
+            "source.orders.path=/data/elsewhere",
+            "query.trigger=30s",
+            "source.orders.max_files_per_trigger=10",
+            "transform.keep_completed.config.equals=\"cancelled\"",
+            "transform.0.limits.fuel=5",
+            "sink.format=json",
+        ],
+    )
+    .unwrap();
+    assert_eq!(files_source(&p).path, Path::new("/data/elsewhere"));
+    assert_eq!(
+        p.query.trigger,
+        Trigger::ProcessingTime(Duration::from_secs(30))
+    );
+    assert_eq!(
+        files_source(&p).max_files_per_trigger,
+        NonZeroUsize::new(10)
+    );
+    assert_eq!(p.transforms[0].config["equals"], "cancelled");
+    assert_eq!(p.transforms[0].limits.fuel, Some(5));
+    assert_eq!(
+        p.sink,
+        SinkSpec::Files {
+            path: dir.path().join("out/revenue"),
+            format: OutputFormat::Json
+        }
+    );
+
+    // A missing intermediate table is created; the value then validates like any other.
+    let text = MINIMAL.replace(
+        "kind = \"memory\"",
+        "kind = \"plugin\"\nplugin = \"sinks/jsonl_sink.wasm\"",
+    );
+    let p = parse_in(
+        dir.path(),
+        &text,
+        &[
+            "sink.config.dir={ path = \"/out\" }",
+            "sink.limits.memory=64 MiB",
+        ],
+    )
+    .unwrap();
+    let SinkSpec::Plugin(sink) = &p.sink else {
+        panic!("not a plugin sink")
+    };
+    assert_eq!(
+        sink.config,
+        serde_json::json!({ "dir": { "path": "/out" } })
+    );
+    assert_eq!(sink.limits.memory_bytes, 64 << 20);
+
+    // Bad overrides and the problems they cause are all reported.
+    let found = problems(
+        dir.path(),
+        EXAMPLE,
+        &[
+            "source.refunds.path=x",
+            "trigger",
+            "query.trigger=soon",
+            "query.colour=blue",
+        ],
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("--set source.refunds.path".into(), "no [[source]] named \"refunds\" (known: orders)".into()),
+            ("--set trigger".into(), "expected KEY=VALUE, e.g. --set source.orders.path=data/in".into()),
+            ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries)".into()),
+            ("query.trigger".into(), "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\"".into()),
+        ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn relative_paths_resolve_against_the_file_folder() {
+    let dir = workspace();
+    let folder = dir.path().join("pipelines");
+    std::fs::create_dir_all(folder.join("plugins")).unwrap();
+    std::fs::write(folder.join("plugins/filter_rows.wasm"), b"\0asm").unwrap();
+    let file = folder.join("revenue.toml");
+    let text = EXAMPLE
+        .replace("path = \"data/orders\"", "path = \"/abs/orders\"")
+        .replace(
+            "on_malformed = \"permissive\"",
+            "on_malformed = \"dead-letter\"\ndead_letter_path = \"../dead\"",
+        );
+    std::fs::write(&file, text).unwrap();
+    let p = load(&file, &[]).unwrap();
+    assert_eq!(p.base_dir, folder);
+    assert_eq!(p.query.checkpoint, folder.join("checkpoints/revenue_5m"));
+    let files = files_source(&p);
+    assert_eq!(files.path, Path::new("/abs/orders"));
+    assert_eq!(files.dead_letter_path, Some(folder.join("../dead")));
+    assert_eq!(
+        p.transforms[0].plugin,
+        folder.join("plugins/filter_rows.wasm")
+    );
+    assert_eq!(
+        p.sink,
+        SinkSpec::Files {
+            path: folder.join("out/revenue"),
+            format: OutputFormat::Parquet
+        }
+    );
+    // The source folder need not exist yet: it was never created above.
+    assert!(!folder.join("data/orders").exists());
+}
+
+#[test]
+fn load_names_the_file_in_errors() {
+    let dir = workspace();
+    let file = dir.path().join("broken.toml");
+    std::fs::write(
+        &file,
+        "[query]\nname = \"q\"\ncheckpoint = \"cp\"\ntrigger = [\n",
+    )
+    .unwrap();
+    let err = load(&file, &[]).unwrap_err();
+    assert_eq!(err.origin, file.display().to_string());
+    assert_eq!(err.problems.len(), 1);
+    assert_eq!(err.problems[0].path, "line 4, column 12");
+    assert!(
+        err.problems[0].message.starts_with("invalid TOML: "),
+        "{:?}",
+        err.problems[0]
+    );
+    assert!(
+        err.to_string().starts_with(&format!(
+            "{}: 1 problem(s):\n  - line 4, column 12: invalid TOML",
+            file.display()
+        )),
+        "{err}"
+    );
+
+    let err = load(&dir.path().join("nope.toml"), &[]).unwrap_err();
+    assert_eq!(err.problems.len(), 1);
+    assert!(
+        err.problems[0]
+            .message
+            .starts_with("cannot read the pipeline file"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("nope.toml: 1 problem(s):\n  - cannot read the pipeline file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn syntax_errors_give_line_and_column() {
+    let dir = workspace();
+    let err = parse_in(dir.path(), "[query]\nname = \"q\"\nname = \"r\"\n", &[]).unwrap_err();
+    assert_eq!(err.problems.len(), 1);
+    assert_eq!(err.problems[0].path, "line 3, column 1");
+    assert!(
+        err.problems[0].message.contains("duplicate key"),
+        "{:?}",
+        err.problems[0]
+    );
+    let err = parse_in(dir.path(), "[query]\nname = q\"\n", &[]).unwrap_err();
+    assert_eq!(err.problems[0].path, "line 2, column 8");
+}
+
+#[test]
+fn unknown_keys_list_the_known_ones_whatever_their_name() {
+    let dir = workspace();
+    let text = MINIMAL.replace("kind = \"memory\"", "kind = \"memory\"\nexpected_rows = 3");
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        found,
+        vec![(
+            "sink.expected_rows".to_string(),
+            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities)".to_string()
+        )]
+    );
+}

@@ -1,0 +1,783 @@
+//! The semantic pass: from the raw, all-optional structs to a typed [`Pipeline`].
+//!
+//! Structure (unknown keys, wrong TOML types) is checked by serde in `raw.rs`; everything that
+//! needs knowledge of the settings — required keys per kind, enum values, DDL, durations, sizes,
+//! plugin files — is checked here, and every problem is collected instead of returning early, so
+//! that one run of `weir run` lists all of them.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use toml::{Table, Value};
+
+use super::duration::parse_duration;
+use super::raw::{
+    RawCapabilities, RawLimits, RawPipeline, RawQuery, RawSink, RawSource, RawTransform,
+    source_label,
+};
+use super::size::{format_byte_size, parse_byte_size};
+use super::{
+    Capabilities, DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode,
+    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
+    TransformSpec, Trigger,
+};
+
+/// The largest linear memory a 32-bit Wasm instance can have.
+const MAX_WASM_MEMORY: u64 = 4 << 30;
+
+const DEFAULT_MAX_BATCH_RETRIES: u32 = 2;
+const DEFAULT_CONSOLE_MAX_ROWS: usize = 20;
+
+const TRIGGER_HINT: &str = "use \"available-now\", \"once\" or a duration such as \"30s\"";
+
+/// Collects problems, skipping those under a key whose value `raw.rs` already reported and
+/// removed (so a badly typed required key is not also reported as missing).
+#[derive(Debug)]
+pub(super) struct Collector {
+    pub problems: Vec<Problem>,
+    suppressed: Vec<String>,
+}
+
+impl Collector {
+    pub fn new(problems: Vec<Problem>) -> Self {
+        Self {
+            problems,
+            suppressed: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, path: &str, message: impl Into<String>) {
+        let covered = self.suppressed.iter().any(|s| {
+            path.strip_prefix(s.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        });
+        if !covered {
+            self.problems.push(Problem::new(path, message));
+        }
+    }
+
+    pub fn suppress(&mut self, path: String) {
+        self.suppressed.push(path);
+    }
+
+    fn required<T>(&mut self, path: &str, value: Option<T>) -> Option<T> {
+        if value.is_none() {
+            self.push(path, "required key is missing");
+        }
+        value
+    }
+
+    /// A required, non-empty path, resolved against `base`.
+    fn path(&mut self, path: &str, value: Option<String>, base: &Path) -> Option<PathBuf> {
+        let value = self.required(path, value)?;
+        if value.trim().is_empty() {
+            self.push(path, "must not be empty");
+            return None;
+        }
+        Some(base.join(value))
+    }
+
+    fn positive(&mut self, path: &str, value: i64) -> Option<u64> {
+        match u64::try_from(value) {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                self.push(path, format!("must be a positive integer, not {value}"));
+                None
+            }
+        }
+    }
+
+    /// One of `options`, or a problem listing them.
+    fn choice<T: Copy>(
+        &mut self,
+        path: &str,
+        value: &str,
+        what: &str,
+        options: &[(&str, T)],
+    ) -> Option<T> {
+        let found = options.iter().find(|(name, _)| *name == value);
+        if found.is_none() {
+            let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+            self.push(
+                path,
+                format!("{value:?} is not {what}: use {}", quoted_list(&names)),
+            );
+        }
+        found.map(|(_, v)| *v)
+    }
+}
+
+/// `"a", "b" or "c"`.
+fn quoted_list(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+fn check_name(c: &mut Collector, path: &str, name: String) -> Option<String> {
+    if is_valid_name(&name) {
+        Some(name)
+    } else {
+        c.push(
+            path,
+            format!("{name:?} is not a valid name: use letters, digits, '_', '.' and '-'"),
+        );
+        None
+    }
+}
+
+/// Validates the whole file. `None` when any part is invalid (the problems are in `c`).
+pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Option<Pipeline> {
+    let query = query(raw.query, base, c);
+    let sources = sources(raw.source.unwrap_or_default(), base, c);
+    let transforms: Vec<Option<TransformSpec>> = raw
+        .transform
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| transform(i, t, base, c))
+        .collect();
+    let sink = sink(raw.sink, base, c);
+    Some(Pipeline {
+        query: query?,
+        sources: sources?,
+        transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
+        sink: sink?,
+        base_dir: base.to_path_buf(),
+    })
+}
+
+fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QuerySpec> {
+    let Some(q) = raw else {
+        c.push("query", "required table [query] is missing");
+        return None;
+    };
+    let name = c
+        .required("query.name", q.name)
+        .and_then(|n| check_name(c, "query.name", n));
+    let checkpoint = c.path("query.checkpoint", q.checkpoint, base);
+    let trigger = trigger(c, q.trigger.as_deref());
+    let output_mode = match q.output_mode.as_deref() {
+        None => Some(OutputMode::Append),
+        Some(mode) => c.choice(
+            "query.output_mode",
+            mode,
+            "an output mode",
+            &[
+                ("append", OutputMode::Append),
+                ("update", OutputMode::Update),
+                ("complete", OutputMode::Complete),
+            ],
+        ),
+    };
+    let max_batch_retries = match q.max_batch_retries {
+        None => Some(DEFAULT_MAX_BATCH_RETRIES),
+        Some(n) => u32::try_from(n).ok().or_else(|| {
+            c.push(
+                "query.max_batch_retries",
+                format!("{n} is not a retry count: use 0 or a positive integer"),
+            );
+            None
+        }),
+    };
+    Some(QuerySpec {
+        name: name?,
+        checkpoint: checkpoint?,
+        trigger: trigger?,
+        output_mode: output_mode?,
+        max_batch_retries: max_batch_retries?,
+    })
+}
+
+fn trigger(c: &mut Collector, text: Option<&str>) -> Option<Trigger> {
+    const PATH: &str = "query.trigger";
+    let text = match text {
+        None => return Some(Trigger::Continuous),
+        Some("available-now") => return Some(Trigger::AvailableNow),
+        Some("once") => return Some(Trigger::Once),
+        Some(text) => text,
+    };
+    match parse_duration(text) {
+        Ok(interval) if interval.is_zero() => {
+            c.push(
+                PATH,
+                format!(
+                    "{text:?} is not a trigger interval: use a duration longer than zero, or leave \
+                     trigger out to start each batch as soon as the previous one ends"
+                ),
+            );
+            None
+        }
+        Ok(interval) => Some(Trigger::ProcessingTime(interval)),
+        Err(err) => {
+            let mut message = format!("{text:?} is not a trigger: {TRIGGER_HINT}");
+            // Something that starts like a duration gets the duration's own explanation too.
+            if text
+                .trim_start()
+                .starts_with(|ch: char| ch.is_ascii_digit())
+            {
+                let prefix = format!("{text:?} is not a duration: ");
+                let why = err.strip_prefix(prefix.as_str()).unwrap_or(&err);
+                message.push_str(&format!(" ({why})"));
+            }
+            c.push(PATH, message);
+            None
+        }
+    }
+}
+
+fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<SourceSpec>> {
+    if raw.is_empty() {
+        c.push("source", "required: one [[source]] table (none given)");
+        return None;
+    }
+    if raw.len() > 1 {
+        let names: Vec<String> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, s)| source_label(i, s.name.as_deref()))
+            .collect();
+        c.push(
+            "source",
+            format!(
+                "{} sources given ({}); only one [[source]] is supported for now",
+                raw.len(),
+                names.join(", ")
+            ),
+        );
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, s) in raw.iter().enumerate() {
+        if let Some(name) = s.name.as_deref().filter(|n| !n.is_empty()) {
+            if let Some(first) = seen.get(name) {
+                c.push(
+                    &format!("{}.name", source_label(i, Some(name))),
+                    format!(
+                        "duplicate source name {name:?} (also source number {}): source names must be unique",
+                        first + 1
+                    ),
+                );
+            } else {
+                seen.insert(name.to_string(), i);
+            }
+        }
+    }
+    let specs: Vec<Option<SourceSpec>> = raw
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| source(i, s, base, c))
+        .collect();
+    specs.into_iter().collect()
+}
+
+fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<SourceSpec> {
+    let label = source_label(index, s.name.as_deref());
+    let key = |k: &str| format!("{label}.{k}");
+    let name = c
+        .required(&key("name"), s.name)
+        .and_then(|n| check_name(c, &key("name"), n));
+    let kind_ok = match s.kind.as_deref() {
+        None => {
+            c.push(&key("kind"), "required key is missing: use \"files\"");
+            false
+        }
+        Some("files") => true,
+        Some(other) => {
+            // The other keys belong to a kind that does not exist: checking them as files keys
+            // would only add noise.
+            c.push(
+                &key("kind"),
+                format!("{other:?} is not a source kind: use \"files\""),
+            );
+            return None;
+        }
+    };
+
+    let path = c.path(&key("path"), s.path, base);
+    let format_name = s.format.as_deref();
+    let format = match format_name {
+        None => {
+            c.push(
+                &key("format"),
+                "required key is missing: use \"json\" or \"csv\"",
+            );
+            None
+        }
+        Some(f) => c.choice(
+            &key("format"),
+            f,
+            "a source format",
+            &[("json", "json"), ("csv", "csv")],
+        ),
+    };
+    let format = match (format, s.csv) {
+        (Some("json"), Some(_)) => {
+            c.push(
+                &key("csv"),
+                "csv options apply only to format = \"csv\" (format is \"json\")",
+            );
+            None
+        }
+        (Some("json"), None) => Some(InputFormat::Json),
+        (Some(_), csv) => {
+            let csv = csv.unwrap_or_default();
+            let delimiter = match csv.delimiter.as_deref() {
+                None => Some(b','),
+                Some(d) => delimiter(c, &key("csv.delimiter"), d),
+            };
+            delimiter.map(|delimiter| InputFormat::Csv {
+                // Spark's default: the first line is data unless `header = true`.
+                header: csv.header.unwrap_or(false),
+                delimiter,
+            })
+        }
+        (None, _) => None,
+    };
+    let schema = c.required(&key("schema"), s.schema).and_then(|ddl| {
+        super::ddl::parse_schema(&ddl)
+            .map_err(|err| c.push(&key("schema"), err))
+            .ok()
+    });
+    let max_files_per_trigger = match s.max_files_per_trigger {
+        None => Some(None),
+        Some(n) => c
+            .positive(&key("max_files_per_trigger"), n)
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(NonZeroUsize::new)
+            .map(Some),
+    };
+    let on_malformed = match s.on_malformed.as_deref() {
+        None => Some(OnMalformed::Permissive),
+        Some(mode) => c.choice(
+            &key("on_malformed"),
+            mode,
+            "an on_malformed mode",
+            &[
+                ("permissive", OnMalformed::Permissive),
+                ("drop", OnMalformed::Drop),
+                ("fail", OnMalformed::Fail),
+                ("dead-letter", OnMalformed::DeadLetter),
+            ],
+        ),
+    };
+    let dead_letter_path = match (on_malformed, s.dead_letter_path) {
+        (Some(OnMalformed::DeadLetter), raw) => {
+            if raw.is_none() {
+                c.push(
+                    &key("dead_letter_path"),
+                    "required when on_malformed = \"dead-letter\": the folder for malformed rows",
+                );
+                None
+            } else {
+                c.path(&key("dead_letter_path"), raw, base).map(Some)
+            }
+        }
+        (Some(_), Some(_)) => {
+            let mode = s.on_malformed.as_deref().unwrap_or("permissive");
+            c.push(
+                &key("dead_letter_path"),
+                format!(
+                    "only used with on_malformed = \"dead-letter\" (on_malformed is {mode:?}); \
+                     remove it or set on_malformed = \"dead-letter\""
+                ),
+            );
+            None
+        }
+        (Some(_), None) => Some(None),
+        (None, _) => None,
+    };
+    if !kind_ok {
+        return None;
+    }
+    Some(SourceSpec {
+        name: name?,
+        kind: SourceKind::Files(FilesSourceSpec {
+            path: path?,
+            format: format?,
+            schema: Arc::new(schema?),
+            max_files_per_trigger: max_files_per_trigger?,
+            on_malformed: on_malformed?,
+            dead_letter_path: dead_letter_path?,
+        }),
+    })
+}
+
+fn delimiter(c: &mut Collector, path: &str, text: &str) -> Option<u8> {
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(ch), None) if ch.is_ascii() && !matches!(ch, '\n' | '\r' | '"') => {
+            // An ASCII char is one byte.
+            u8::try_from(ch).ok()
+        }
+        _ => {
+            c.push(
+                path,
+                format!(
+                    "{text:?} is not a delimiter: use one ASCII character other than a quote or a \
+                     line break, such as \",\", \";\" or \"\\t\""
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn transform(
+    index: usize,
+    t: RawTransform,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<TransformSpec> {
+    let label = format!("transform[{index}]");
+    let key = |k: &str| format!("{label}.{k}");
+    let name = plugin_name(c, &key("name"), t.name, t.plugin.as_deref());
+    let plugin = plugin_path(c, &key("plugin"), t.plugin, base);
+    let config = config(c, &key("config"), t.config);
+    let limits = limits(c, &key("limits"), t.limits);
+    Some(TransformSpec {
+        name: name?,
+        plugin: plugin?,
+        config: config?,
+        limits: limits?,
+    })
+}
+
+/// `name`, or by default the plugin's file stem.
+fn plugin_name(
+    c: &mut Collector,
+    path: &str,
+    name: Option<String>,
+    plugin: Option<&str>,
+) -> Option<String> {
+    match name {
+        Some(name) if name.trim().is_empty() => {
+            c.push(
+                path,
+                "must not be empty (leave it out to use the plugin's file name)",
+            );
+            None
+        }
+        Some(name) => Some(name),
+        None => plugin
+            .and_then(|p| Path::new(p).file_stem())
+            .map(|stem| stem.to_string_lossy().into_owned()),
+    }
+}
+
+/// A required `.wasm` path that exists, resolved against `base`.
+fn plugin_path(
+    c: &mut Collector,
+    path: &str,
+    plugin: Option<String>,
+    base: &Path,
+) -> Option<PathBuf> {
+    let Some(plugin) = plugin else {
+        c.push(
+            path,
+            "required key is missing: the path of a .wasm component",
+        );
+        return None;
+    };
+    if !plugin.ends_with(".wasm") {
+        c.push(
+            path,
+            format!("{plugin:?} is not a Wasm component: the path must end in .wasm"),
+        );
+        return None;
+    }
+    let resolved = base.join(&plugin);
+    match std::fs::metadata(&resolved) {
+        Ok(meta) if meta.is_file() => Some(resolved),
+        Ok(_) => {
+            c.push(
+                path,
+                format!("{} is a folder, not a .wasm file", resolved.display()),
+            );
+            None
+        }
+        Err(err) => {
+            let why = if err.kind() == std::io::ErrorKind::NotFound {
+                "no such file".to_string()
+            } else {
+                format!("cannot read it: {err}")
+            };
+            c.push(path, format!("{why}: {}", resolved.display()));
+            None
+        }
+    }
+}
+
+/// The plugin `config` table as JSON (`{}` when absent).
+fn config(c: &mut Collector, path: &str, table: Option<Table>) -> Option<serde_json::Value> {
+    let table = table.unwrap_or_default();
+    to_json(c, path, Value::Table(table))
+}
+
+fn to_json(c: &mut Collector, path: &str, value: Value) -> Option<serde_json::Value> {
+    Some(match value {
+        Value::String(s) => serde_json::Value::String(s),
+        Value::Integer(i) => serde_json::Value::from(i),
+        Value::Float(f) => match serde_json::Number::from_f64(f) {
+            Some(n) => serde_json::Value::Number(n),
+            None => {
+                c.push(
+                    path,
+                    format!("{f} cannot be handed to a plugin as JSON: use a finite number"),
+                );
+                return None;
+            }
+        },
+        Value::Boolean(b) => serde_json::Value::Bool(b),
+        Value::Datetime(d) => serde_json::Value::String(d.to_string()),
+        Value::Array(items) => {
+            let converted: Vec<Option<serde_json::Value>> = items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| to_json(c, &format!("{path}[{i}]"), item))
+                .collect();
+            serde_json::Value::Array(converted.into_iter().collect::<Option<Vec<_>>>()?)
+        }
+        Value::Table(table) => {
+            let mut map = serde_json::Map::new();
+            let mut ok = true;
+            for (key, item) in table {
+                match to_json(c, &format!("{path}.{key}"), item) {
+                    Some(v) => {
+                        map.insert(key, v);
+                    }
+                    None => ok = false,
+                }
+            }
+            if !ok {
+                return None;
+            }
+            serde_json::Value::Object(map)
+        }
+    })
+}
+
+fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<PluginLimits> {
+    let defaults = PluginLimits::default();
+    let Some(raw) = raw else {
+        return Some(defaults);
+    };
+    let key = |k: &str| format!("{path}.{k}");
+    let memory_bytes = match raw.memory {
+        None => Some(defaults.memory_bytes),
+        Some(Value::Integer(n)) => c.positive(&key("memory"), n),
+        Some(Value::String(text)) => parse_byte_size(&text)
+            .map_err(|err| c.push(&key("memory"), err))
+            .ok(),
+        Some(other) => {
+            c.push(
+                &key("memory"),
+                format!(
+                    "expected a size such as \"64 MiB\" or a number of bytes, found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    };
+    let memory_bytes = memory_bytes.and_then(|bytes| match bytes {
+        0 => {
+            c.push(&key("memory"), "must be more than zero");
+            None
+        }
+        b if b > MAX_WASM_MEMORY => {
+            c.push(
+                &key("memory"),
+                format!(
+                    "{} is more than a 32-bit Wasm memory can hold: use at most 4 GiB",
+                    format_byte_size(b)
+                ),
+            );
+            None
+        }
+        b => Some(b),
+    });
+    let timeout = match raw.timeout {
+        None => Some(defaults.timeout),
+        Some(text) => match parse_duration(&text) {
+            Ok(d) if d.is_zero() => {
+                c.push(&key("timeout"), "must be longer than zero");
+                None
+            }
+            Ok(d) => Some(d),
+            Err(err) => {
+                c.push(&key("timeout"), err);
+                None
+            }
+        },
+    };
+    let fuel = match raw.fuel {
+        None => Some(None),
+        Some(n) => c.positive(&key("fuel"), n).map(Some),
+    };
+    Some(PluginLimits {
+        memory_bytes: memory_bytes?,
+        timeout: timeout?,
+        fuel: fuel?,
+    })
+}
+
+fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
+    const KINDS: [&str; 4] = ["files", "console", "plugin", "memory"];
+    let Some(s) = raw else {
+        c.push("sink", "required table [sink] is missing");
+        return None;
+    };
+    let Some(kind) = s.kind.as_deref() else {
+        c.push(
+            "sink.kind",
+            format!("required key is missing: use {}", quoted_list(&KINDS)),
+        );
+        return None;
+    };
+    let takes: &[&str] = match kind {
+        "files" => &["path", "format"],
+        "console" => &["max_rows"],
+        "memory" => &[],
+        "plugin" => &["name", "plugin", "config", "limits", "capabilities"],
+        other => {
+            c.push(
+                "sink.kind",
+                format!("{other:?} is not a sink kind: use {}", quoted_list(&KINDS)),
+            );
+            return None;
+        }
+    };
+    let present = [
+        ("path", s.path.is_some()),
+        ("format", s.format.is_some()),
+        ("max_rows", s.max_rows.is_some()),
+        ("name", s.name.is_some()),
+        ("plugin", s.plugin.is_some()),
+        ("config", s.config.is_some()),
+        ("limits", s.limits.is_some()),
+        ("capabilities", s.capabilities.is_some()),
+    ];
+    let mut stray = false;
+    for (key, _) in present
+        .iter()
+        .filter(|(k, here)| *here && !takes.contains(k))
+    {
+        stray = true;
+        let keys = if takes.is_empty() {
+            "it takes only kind".to_string()
+        } else {
+            format!("its keys: kind, {}", takes.join(", "))
+        };
+        c.push(
+            &format!("sink.{key}"),
+            format!("not a key of a {kind} sink ({keys})"),
+        );
+    }
+    let spec = match kind {
+        "files" => {
+            let path = c.path("sink.path", s.path, base);
+            let format = match s.format.as_deref() {
+                None => Some(OutputFormat::Parquet),
+                Some(f) => c.choice(
+                    "sink.format",
+                    f,
+                    "a files sink format",
+                    &[
+                        ("json", OutputFormat::Json),
+                        ("csv", OutputFormat::Csv),
+                        ("parquet", OutputFormat::Parquet),
+                    ],
+                ),
+            };
+            Some(SinkSpec::Files {
+                path: path?,
+                format: format?,
+            })
+        }
+        "console" => {
+            let max_rows = match s.max_rows {
+                None => Some(DEFAULT_CONSOLE_MAX_ROWS),
+                Some(n) => c
+                    .positive("sink.max_rows", n)
+                    .and_then(|n| usize::try_from(n).ok()),
+            };
+            Some(SinkSpec::Console {
+                max_rows: max_rows?,
+            })
+        }
+        "memory" => Some(SinkSpec::Memory),
+        _ => {
+            let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
+            let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
+            let config = config(c, "sink.config", s.config);
+            let limits = limits(c, "sink.limits", s.limits);
+            let capabilities = capabilities(c, s.capabilities, base);
+            Some(SinkSpec::Plugin(PluginSinkSpec {
+                name: name?,
+                plugin: plugin?,
+                config: config?,
+                limits: limits?,
+                capabilities: capabilities?,
+            }))
+        }
+    };
+    if stray { None } else { spec }
+}
+
+fn capabilities(
+    c: &mut Collector,
+    raw: Option<RawCapabilities>,
+    base: &Path,
+) -> Option<Capabilities> {
+    let dirs = raw.and_then(|r| r.dirs).unwrap_or_default();
+    let mut grants = Vec::new();
+    let mut ok = true;
+    let mut guests: HashMap<String, usize> = HashMap::new();
+    for (i, dir) in dirs.into_iter().enumerate() {
+        let label = format!("sink.capabilities.dirs[{i}]");
+        let host = c.path(&format!("{label}.host"), dir.host, base);
+        let guest_path = format!("{label}.guest");
+        let guest = c.required(&guest_path, dir.guest).and_then(|guest| {
+            if !guest.starts_with('/') {
+                c.push(
+                    &guest_path,
+                    format!(
+                        "{guest:?} is not an absolute guest path: write it as \"/{}\"",
+                        guest.trim_start_matches("./")
+                    ),
+                );
+                None
+            } else if let Some(first) = guests.get(&guest) {
+                c.push(
+                    &guest_path,
+                    format!("{guest:?} is granted twice (also dirs[{first}])"),
+                );
+                None
+            } else {
+                guests.insert(guest.clone(), i);
+                Some(guest)
+            }
+        });
+        match (host, guest) {
+            (Some(host), Some(guest)) => grants.push(DirGrant {
+                host,
+                guest,
+                writable: dir.writable.unwrap_or(false),
+            }),
+            _ => ok = false,
+        }
+    }
+    ok.then_some(Capabilities { dirs: grants })
+}

@@ -1,0 +1,283 @@
+//! Write Weir transforms and foreachBatch sinks in plain Rust.
+//!
+//! Weir runs user code as WebAssembly components behind the contract in `wit/weir.wit`. This
+//! crate exists so that a plugin author never sees that contract: a plugin is a type, an impl of
+//! [`Transform`] or [`Sink`], and one macro ([`export_transform!`] / [`export_sink!`]). No
+//! generated bindings, no `unsafe`, no ABI. The same code runs natively, so plugin logic is
+//! unit-tested with `cargo test` through [`testing`].
+//!
+//! ```
+//! use weir_plugin_sdk::{Batch, BatchInfo, Output, PluginError, Schema, Selection, Transform};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Config { min: i64 }
+//!
+//! struct AtLeast { min: i64 }
+//!
+//! impl Transform for AtLeast {
+//!     type Config = Config;
+//!     fn new(config: Config, _input: &Schema) -> Result<Self, PluginError> {
+//!         Ok(Self { min: config.min })
+//!     }
+//!     fn process(&mut self, batch: &Batch<'_>, _info: &BatchInfo) -> Result<Output, PluginError> {
+//!         let amount = batch.column("amount")?;
+//!         Ok(Output::keep(Selection::from_fn(batch.num_rows(), |row| {
+//!             amount.i64(row).is_some_and(|a| a >= self.min)
+//!         })))
+//!     }
+//! }
+//! weir_plugin_sdk::export_transform!(AtLeast);
+//!
+//! # use weir_plugin_sdk::{Column, testing::{MemoryBatch, run_transform}};
+//! let input = MemoryBatch::new(vec![Column::int64("amount", vec![5, 50, 500], None)]);
+//! let output = run_transform::<AtLeast>(r#"{"min": 50}"#, &input).unwrap();
+//! assert_eq!(output.num_rows(), 2);
+//! ```
+//!
+//! A type that does not implement the trait is rejected at compile time:
+//!
+//! ```compile_fail,E0277
+//! struct NotATransform;
+//! weir_plugin_sdk::export_transform!(NotATransform); // error: `NotATransform` is not a Weir transform
+//! ```
+//!
+//! # Layout
+//! - [`schema`], [`column`], [`bitmap`]: the data types, in Arrow's layout, as plain Rust.
+//! - [`batch`]: the batch handed to a plugin; pulls columns from the host lazily in the guest.
+//! - [`output`]: a transform's result as edits of its input.
+//! - [`error`]: [`PluginError`] and config parsing.
+//! - [`host`]: logging and the replay-stable random source.
+//! - [`testing`]: native harness that applies outputs like the host does.
+//! - [`text`]: text forms of timestamps, dates and decimals (RFC 3339, exact decimals).
+//! - `guest` (hidden, wasm32 only): the wit-bindgen glue, one `generate!` per cargo feature
+//!   (`transform`, `sink`), because a component must export exactly the world it implements.
+
+// The generated glue names this crate by its path from the plugin crate; inside the SDK the same
+// path must resolve too.
+extern crate self as weir_plugin_sdk;
+
+pub mod batch;
+pub mod bitmap;
+pub mod column;
+pub mod error;
+pub mod host;
+pub mod output;
+pub mod schema;
+pub mod testing;
+pub mod text;
+
+#[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+mod guest;
+
+pub use batch::{Batch, BatchInfo};
+pub use bitmap::Bitmap;
+pub use column::{Column, Values};
+pub use error::{ErrorKind, PluginError};
+pub use host::{Level, log, log_debug, log_error, log_info, log_trace, log_warn, random_u64};
+pub use output::{Edit, Output, Selection};
+pub use schema::{DataType, Field, Schema};
+
+/// A transform: called once per micro-batch with the batch, returns which rows to keep and
+/// which columns to add, replace or drop.
+///
+/// One value of the type lives per plugin instance, from `new` (the host's `open`) on, so it may
+/// keep state across batches (replays then see it too: keep it derivable from the batch).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Weir transform",
+    label = "this type does not implement `weir_plugin_sdk::Transform`",
+    note = "add `impl weir_plugin_sdk::Transform for {Self} {{ type Config = ...; fn new(...); fn process(...) }}`"
+)]
+pub trait Transform: Sized + 'static {
+    /// The plugin's `config` from the pipeline file, deserialised from JSON.
+    type Config: serde::de::DeserializeOwned;
+
+    /// Creates the instance for input batches of schema `input`.
+    ///
+    /// # Errors
+    /// [`PluginError::invalid_config`] for a config that makes no sense for `input`, and
+    /// [`PluginError::invalid_input`] for an input it cannot handle (a missing column).
+    fn new(config: Self::Config, input: &Schema) -> Result<Self, PluginError>;
+
+    /// The schema of the output batches; by default the input's.
+    ///
+    /// # Errors
+    /// As for [`Transform::new`].
+    fn output_schema(&self, input: &Schema) -> Result<Schema, PluginError> {
+        Ok(input.clone())
+    }
+
+    /// Transforms one batch.
+    ///
+    /// # Errors
+    /// Any [`PluginError`]; [`PluginError::retryable`] lets the host retry the batch.
+    fn process(&mut self, batch: &Batch<'_>, info: &BatchInfo) -> Result<Output, PluginError>;
+}
+
+/// A foreachBatch sink: called once per micro-batch with the batch and its id.
+///
+/// The same `batch_id` may come again after a failure (with a higher `attempt`): the sink must then
+/// leave its output as if the batch came once.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Weir sink",
+    label = "this type does not implement `weir_plugin_sdk::Sink`",
+    note = "add `impl weir_plugin_sdk::Sink for {Self} {{ type Config = ...; fn new(...); fn write_batch(...) }}`"
+)]
+pub trait Sink: Sized + 'static {
+    /// The plugin's `config` from the pipeline file, deserialised from JSON.
+    type Config: serde::de::DeserializeOwned;
+
+    /// Creates the instance for batches of schema `input`.
+    ///
+    /// # Errors
+    /// As for [`Transform::new`].
+    fn new(config: Self::Config, input: &Schema) -> Result<Self, PluginError>;
+
+    /// Writes one batch, idempotently by `info.batch_id`.
+    ///
+    /// # Errors
+    /// Any [`PluginError`]; [`PluginError::retryable`] lets the host retry the batch.
+    fn write_batch(&mut self, batch: &Batch<'_>, info: &BatchInfo) -> Result<(), PluginError>;
+}
+
+/// Glue for the macros; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(all(target_arch = "wasm32", feature = "sink"))]
+    pub use crate::guest::sink;
+    #[cfg(all(target_arch = "wasm32", feature = "transform"))]
+    pub use crate::guest::transform;
+
+    /// Compile-time check behind the macros: names the missing trait in the error.
+    pub const fn assert_transform<T: crate::Transform>() {}
+    /// Compile-time check behind the macros: names the missing trait in the error.
+    pub const fn assert_sink<T: crate::Sink>() {}
+}
+
+/// Makes `$ty` (an implementation of [`Transform`]) the plugin's transform.
+///
+/// In a `wasm32` build with the SDK's `transform` feature this exports the `transform` world;
+/// natively it only checks that `$ty` implements [`Transform`], so that the plugin crate builds and
+/// tests natively.
+#[cfg(not(target_arch = "wasm32"))]
+#[macro_export]
+macro_rules! export_transform {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_transform::<$ty>();
+    };
+}
+
+/// Makes `$ty` (an implementation of [`Sink`]) the plugin's sink.
+///
+/// In a `wasm32` build with the SDK's `sink` feature this exports the `sink` world; natively it
+/// only checks that `$ty` implements [`Sink`].
+#[cfg(not(target_arch = "wasm32"))]
+#[macro_export]
+macro_rules! export_sink {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_sink::<$ty>();
+    };
+}
+
+/// Makes `$ty` (an implementation of [`Transform`]) the plugin's transform.
+#[cfg(all(target_arch = "wasm32", feature = "transform"))]
+#[macro_export]
+macro_rules! export_transform {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_transform::<$ty>();
+        const _: () = {
+            struct WeirTransformExport;
+
+            ::std::thread_local! {
+                static WEIR_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+
+            impl $crate::__private::transform::Guest for WeirTransformExport {
+                fn open(
+                    config: $crate::__private::transform::WitString,
+                    input_schema: $crate::__private::transform::WitFields,
+                ) -> $crate::__private::transform::OpenResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::transform::open::<$ty>(instance, config, input_schema)
+                    })
+                }
+
+                fn process(
+                    info: $crate::__private::transform::WitBatchInfo,
+                    input: &$crate::__private::transform::WitBatch,
+                ) -> $crate::__private::transform::ProcessResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::transform::process::<$ty>(instance, info, input)
+                    })
+                }
+            }
+
+            $crate::__private::transform::bindings::export_world!(
+                WeirTransformExport with_types_in $crate::__private::transform::bindings
+            );
+        };
+    };
+}
+
+/// Makes `$ty` (an implementation of [`Sink`]) the plugin's sink.
+#[cfg(all(target_arch = "wasm32", feature = "sink"))]
+#[macro_export]
+macro_rules! export_sink {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_sink::<$ty>();
+        const _: () = {
+            struct WeirSinkExport;
+
+            ::std::thread_local! {
+                static WEIR_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+
+            impl $crate::__private::sink::Guest for WeirSinkExport {
+                fn open(
+                    config: $crate::__private::sink::WitString,
+                    input_schema: $crate::__private::sink::WitFields,
+                ) -> $crate::__private::sink::OpenResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::sink::open::<$ty>(instance, config, input_schema)
+                    })
+                }
+
+                fn write_batch(
+                    info: $crate::__private::sink::WitBatchInfo,
+                    input: &$crate::__private::sink::WitBatch,
+                ) -> $crate::__private::sink::WriteResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::sink::write_batch::<$ty>(instance, info, input)
+                    })
+                }
+            }
+
+            $crate::__private::sink::bindings::export_world!(
+                WeirSinkExport with_types_in $crate::__private::sink::bindings
+            );
+        };
+    };
+}
+
+/// Without the `transform` feature a wasm32 build cannot export a transform.
+#[cfg(all(target_arch = "wasm32", not(feature = "transform")))]
+#[macro_export]
+macro_rules! export_transform {
+    ($ty:ty) => {
+        ::core::compile_error!(
+            "export_transform! needs the `transform` feature: weir-plugin-sdk = { ..., features = [\"transform\"] }"
+        );
+    };
+}
+
+/// Without the `sink` feature a wasm32 build cannot export a sink.
+#[cfg(all(target_arch = "wasm32", not(feature = "sink")))]
+#[macro_export]
+macro_rules! export_sink {
+    ($ty:ty) => {
+        ::core::compile_error!(
+            "export_sink! needs the `sink` feature: weir-plugin-sdk = { ..., features = [\"sink\"] }"
+        );
+    };
+}

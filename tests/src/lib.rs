@@ -1,0 +1,147 @@
+//! Shared pieces of Weir's end-to-end tests: sample data, pipeline files,
+//! running the `weir` binary as a child process, and reading outputs.
+//!
+//! Every test works in its own temporary folder; paths come from the
+//! caller, never from the working directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result, bail};
+pub use weir_host::examples::{OrdersSpec, OrdersWritten};
+
+/// A scratch folder with sample orders and the example plugins in it.
+#[derive(Debug)]
+pub struct Workspace {
+    pub dir: tempfile::TempDir,
+    pub orders: OrdersWritten,
+}
+
+impl Workspace {
+    /// Writes `files` × `lines` orders (1 in 100 malformed) and the plugins.
+    pub fn new(files: usize, lines: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let orders = weir_host::examples::write_orders(
+            &dir.path().join("data/orders"),
+            OrdersSpec {
+                files,
+                lines_per_file: lines,
+                seed: 7,
+                malformed_every: 100,
+            },
+        )?;
+        weir_host::examples::write_plugins(&dir.path().join("plugins"))?;
+        Ok(Self { dir, orders })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a pipeline file named `name` and returns its path.
+    pub fn pipeline(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let path = self.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+}
+
+/// The orders schema in DDL form.
+pub const SCHEMA: &str = weir_host::examples::ORDERS_SCHEMA;
+
+/// A pipeline: orders → normalize_status → filter status = completed → `sink`.
+/// `tag` separates checkpoints and outputs of several runs in one workspace.
+pub fn orders_pipeline(tag: &str, on_malformed: &str, sink: &str) -> String {
+    format!(
+        r#"
+[query]
+name = "orders_{tag}"
+checkpoint = "checkpoints/{tag}"
+trigger = "available-now"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "{SCHEMA}"
+max_files_per_trigger = 1
+on_malformed = "{on_malformed}"
+
+[[transform]]
+name = "normalize_status"
+plugin = "plugins/normalize_status.wasm"
+config = {{ column = "status", lowercase = true, trim = true, map = {{ canceled = "cancelled" }} }}
+
+[[transform]]
+name = "keep_completed"
+plugin = "plugins/filter_rows.wasm"
+config = {{ column = "status", op = "eq", value = "completed" }}
+
+{sink}
+"#
+    )
+}
+
+/// A foreachBatch sink section writing `out/<tag>/orders.jsonl` through the jsonl_sink plugin.
+pub fn jsonl_plugin_sink(tag: &str) -> String {
+    format!(
+        r#"[sink]
+kind = "plugin"
+name = "jsonl_sink"
+plugin = "plugins/jsonl_sink.wasm"
+config = {{ path = "/out/orders.jsonl" }}
+capabilities = {{ dirs = [ {{ host = "out/{tag}", guest = "/out", writable = true }} ] }}
+"#
+    )
+}
+
+/// Runs the `weir` binary at `exe` with `args` in no particular directory.
+pub fn weir(exe: &str, cache_dir: &Path, args: &[&str]) -> Result<Output> {
+    let out = Command::new(exe)
+        .args(args)
+        .arg("--cache-dir")
+        .arg(cache_dir)
+        .env_remove("WEIR_LOG")
+        .output()
+        .with_context(|| format!("running {exe}"))?;
+    Ok(out)
+}
+
+/// Runs `weir run` and insists on success.
+pub fn run_ok(exe: &str, cache_dir: &Path, pipeline: &Path, extra: &[&str]) -> Result<Output> {
+    let mut args = vec!["run", pipeline.to_str().context("utf-8 path")?];
+    args.extend_from_slice(extra);
+    let out = weir(exe, cache_dir, &args)?;
+    if !out.status.success() {
+        bail!(
+            "weir run {} failed ({}):\n{}",
+            pipeline.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+/// The lines of a text file (empty when it does not exist).
+pub fn lines(path: &Path) -> Result<Vec<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Names of the entries of a checkpoint log folder, as batch ids.
+pub fn log_ids(dir: &Path) -> Result<Vec<u64>> {
+    let mut ids: Vec<u64> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    ids.sort_unstable();
+    Ok(ids)
+}
