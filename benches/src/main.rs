@@ -6,6 +6,12 @@
 //! → Parquet, each run in its own child process so that CPU seconds and
 //! peak RSS are the child's own (wait4), and measures the time from starting
 //! `weir run` to the first batch starting.
+//!
+//! `weir-bench boundary` measures the plugin boundary: compile and load
+//! times, per-call overhead, a 65k-row filter in Wasm against native.
+//!
+//! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
+//! side by side (see `stateful.rs`).
 
 #![allow(
     clippy::print_stdout,
@@ -26,14 +32,18 @@ use weir_host::operator::{BatchTransform, TransformError};
 use weir_host::plugin::BatchInfo;
 use weir_host::query::{Query, QueryOptions};
 
+mod stateful;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let result = match args.get(1).map(String::as_str) {
         Some("pipeline") => pipeline(&args[2..]),
         Some("run-variant") => run_variant(&args[2..]),
+        Some("boundary") => boundary(&args[2..]),
+        Some("stateful") => stateful::stateful(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR]"
         )),
     };
     match result {
@@ -312,4 +322,87 @@ impl BatchTransform for NativeFilter {
         let mask = arrow_ord::cmp::eq(batch.column(self.column), &self.completed).map_err(err)?;
         arrow_select::filter::filter_record_batch(batch, &mask).map_err(err)
     }
+}
+
+/// The cost of the Wasm boundary itself: a fixed per-call cost, and the
+/// filter example on a 65,536-row batch against the same filter native.
+fn boundary(args: &[String]) -> Result<()> {
+    use weir_host::plugin::{EngineOptions, PluginEngine, PluginOptions, Sandbox, WasmTransform};
+    let iterations: usize = flag(args, "--iterations").map_or(Ok(300), |r| r.parse())?;
+    let work = std::env::temp_dir().join(format!("weir-boundary-{}", std::process::id()));
+    let data = work.join("orders");
+    weir_host::examples::write_orders(
+        &data,
+        weir_host::examples::OrdersSpec { files: 1, lines_per_file: 65_536, seed: 1, malformed_every: 0 },
+    )?;
+    let schema = Arc::new(weir_host::spec::parse_schema(weir_host::examples::ORDERS_SCHEMA).map_err(anyhow::Error::msg)?);
+    let mut decoder = weir_host::decode::Decoder::new(schema, weir_host::decode::DecoderOptions {
+        policy: weir_host::decode::MalformedPolicy::Drop,
+        ..Default::default()
+    })?;
+    let mut decoded = weir_host::decode::Decoded::default();
+    decoder.decode(&std::fs::read(data.join("orders-00000.json"))?, "orders", &mut decoded)?;
+    let batch = arrow_select::concat::concat_batches(decoder.output_schema(), &decoded.batches)?;
+    // Lower-case statuses so that the filter keeps ~80 %.
+    let statuses = arrow_array::cast::AsArray::as_string::<i32>(batch.column(2))
+        .iter()
+        .map(|s| s.map(|s| s.trim().to_lowercase()))
+        .collect::<StringArray>();
+    let mut columns = batch.columns().to_vec();
+    columns[2] = Arc::new(statuses);
+    let batch = RecordBatch::try_new(batch.schema(), columns)?;
+    let one = batch.slice(0, 1);
+    let empty = batch.slice(0, 0);
+
+    let cache = work.join("cache");
+    let engine = PluginEngine::new(EngineOptions { cache_dir: Some(cache), fuel: false })?;
+    let path = work.join("filter_rows.wasm");
+    std::fs::write(&path, weir_host::examples::FILTER_ROWS_WASM)?;
+    let t = Instant::now();
+    let _ = engine.load("filter_rows", &path)?;
+    let cold = t.elapsed();
+    let t = Instant::now();
+    let loaded = engine.load("filter_rows", &path)?;
+    let warm = t.elapsed();
+    let options = PluginOptions {
+        name: "filter_rows".into(),
+        config_json: r#"{"column":"status","op":"eq","value":"completed"}"#.into(),
+        sandbox: Sandbox::default(),
+        failpoint: None,
+    };
+    let t = Instant::now();
+    let mut wasm = WasmTransform::open(&engine, loaded, options, batch.schema())?;
+    let open = t.elapsed();
+    let mut native = NativeFilter::new(batch.schema());
+    let info = BatchInfo { query_id: "bench".into(), batch_id: 0, attempt: 0, timestamp_micros: 0, partition: 0 };
+
+    let time = |f: &mut dyn FnMut() -> Result<usize>| -> Result<(f64, usize)> {
+        let mut v = Vec::with_capacity(iterations);
+        let mut rows = 0;
+        for _ in 0..iterations {
+            let t = Instant::now();
+            rows = f()?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok((median(v), rows))
+    };
+    let (empty_us, _) = time(&mut || Ok(wasm.process(&empty, &info)?.num_rows()))?;
+    let (one_us, _) = time(&mut || Ok(wasm.process(&one, &info)?.num_rows()))?;
+    let (wasm_us, wasm_rows) = time(&mut || Ok(wasm.process(&batch, &info)?.num_rows()))?;
+    let (native_us, native_rows) = time(&mut || Ok(native.process(&batch, &info)?.num_rows()))?;
+    if wasm_rows != native_rows {
+        bail!("wasm kept {wasm_rows} rows, native {native_rows}");
+    }
+    println!("| measure (median of {iterations}) | value |");
+    println!("|---|---|");
+    println!("| compile filter_rows.wasm ({} KB), cold | {:.1} ms |", weir_host::examples::FILTER_ROWS_WASM.len() / 1024, cold.as_secs_f64() * 1e3);
+    println!("| load from the compiled cache | {:.2} ms |", warm.as_secs_f64() * 1e3);
+    println!("| instantiate + open | {:.2} ms |", open.as_secs_f64() * 1e3);
+    println!("| call, 0 rows | {empty_us:.1} µs |");
+    println!("| call, 1 row | {one_us:.1} µs |");
+    println!("| filter 65,536 rows, Wasm (kept {wasm_rows}) | {wasm_us:.0} µs ({:.1} M rows/s) |", 65_536.0 / wasm_us);
+    println!("| filter 65,536 rows, native arrow kernels | {native_us:.0} µs ({:.1} M rows/s) |", 65_536.0 / native_us);
+    println!("| Wasm / native | {:.2} |", wasm_us / native_us);
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
 }

@@ -117,7 +117,8 @@ pub fn write_orders(dir: &Path, spec: OrdersSpec) -> std::io::Result<OrdersWritt
                 next()
             );
             written.lines += 1;
-            if spec.malformed_every > 0 && (order_id as usize).is_multiple_of(spec.malformed_every) {
+            if spec.malformed_every > 0 && (order_id as usize).is_multiple_of(spec.malformed_every)
+            {
                 // A producer that died mid-write: a truncated line.
                 writeln!(out, "{}", &line[..line.len() / 2])?;
                 written.malformed += 1;

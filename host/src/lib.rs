@@ -12,6 +12,8 @@
 //! - [`plugin`]: the WebAssembly host (sandbox, batches across the boundary).
 //! - [`operator`]: per-batch operators between source and sink.
 //! - [`sink`]: where output goes, idempotent by batch id.
+//! - [`state`]: versioned state stores of stateful operators.
+//! - [`watermark`]: event-time progress and lateness.
 //! - [`query`]: the micro-batch loop and its recovery.
 //! - [`progress`]: Spark-compatible progress records.
 //! - [`failpoint`]: crash injection for recovery tests.
@@ -30,3 +32,5 @@ pub mod query;
 pub mod sink;
 pub mod source;
 pub mod spec;
+pub mod state;
+pub mod watermark;

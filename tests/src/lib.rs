@@ -31,6 +31,7 @@ impl Workspace {
             },
         )?;
         weir_host::examples::write_plugins(&dir.path().join("plugins"))?;
+        std::fs::write(dir.path().join("plugins/hostile.wasm"), HOSTILE_WASM)?;
         Ok(Self { dir, orders })
     }
 
@@ -45,6 +46,9 @@ impl Workspace {
         Ok(path)
     }
 }
+
+/// The misbehaving plugin (`plugins/hostile`), built by this crate's build script.
+pub const HOSTILE_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_HOSTILE"));
 
 /// The orders schema in DDL form.
 pub const SCHEMA: &str = weir_host::examples::ORDERS_SCHEMA;
@@ -144,4 +148,25 @@ pub fn log_ids(dir: &Path) -> Result<Vec<u64>> {
     };
     ids.sort_unstable();
     Ok(ids)
+}
+
+/// A decoded batch of `rows` generated orders (statuses normalised to lower case).
+pub fn orders_batch(rows: usize) -> Result<arrow_array::RecordBatch> {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir()?;
+    weir_host::examples::write_orders(
+        dir.path(),
+        OrdersSpec {
+            files: 1,
+            lines_per_file: rows,
+            seed: 3,
+            malformed_every: 0,
+        },
+    )?;
+    let schema = Arc::new(weir_host::spec::parse_schema(SCHEMA).map_err(anyhow::Error::msg)?);
+    let mut decoder = weir_host::decode::Decoder::new(schema, weir_host::decode::DecoderOptions::default())?;
+    let mut decoded = weir_host::decode::Decoded::default();
+    decoder.decode(&std::fs::read(dir.path().join("orders-00000.json"))?, "orders", &mut decoded)?;
+    let batches = decoded.batches;
+    Ok(arrow_select::concat::concat_batches(decoder.output_schema(), &batches)?)
 }

@@ -104,6 +104,26 @@ fn the_demo_runs_end_to_end() -> Result<()> {
     assert_eq!(stderr.matches("rows in").count(), 3, "{stderr}");
     let progress = std::fs::read_to_string(dir.path().join("checkpoints/demo/progress.jsonl"))?;
     assert_eq!(progress.lines().count(), 3);
+    // Spark's StreamingQueryProgress field names, so its dashboards read ours.
+    let mut input_rows = 0;
+    for (i, line) in progress.lines().enumerate() {
+        let p: serde_json::Value = serde_json::from_str(line)?;
+        for key in ["id", "runId", "name", "timestamp", "batchId", "numInputRows", "inputRowsPerSecond", "processedRowsPerSecond"] {
+            assert!(!p[key].is_null(), "{key} missing in {p}");
+        }
+        for key in ["getBatch", "walCommit", "addBatch", "triggerExecution"] {
+            assert!(p["durationMs"][key].is_u64(), "durationMs.{key} missing in {p}");
+        }
+        assert_eq!(p["batchId"], i as u64);
+        assert_eq!(p["name"], "demo");
+        let source = &p["sources"][0];
+        assert_eq!(source["endOffset"]["logOffset"], i as u64);
+        assert_eq!(source["numInputRows"], p["numInputRows"]);
+        assert!(p["sink"]["numOutputRows"].is_u64());
+        assert_eq!(p["plugins"].as_array().map(Vec::len), Some(3), "two transforms and the sink");
+        input_rows += p["numInputRows"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(input_rows, 900);
     let rows = std::fs::read_to_string(dir.path().join("out/completed_orders.jsonl"))?
         .lines()
         .count();

@@ -1,7 +1,14 @@
-//! Per-batch operators between source and sink. Today: stateless
-//! transforms, in Wasm or native Rust, behind one small trait so that the
-//! query loop treats them alike and programs embedding the host can add
-//! their own.
+//! Per-batch operators between source and sink: stateless transforms (Wasm
+//! or native Rust) behind [`BatchTransform`], so that the query loop treats
+//! them alike and programs embedding the host can add their own; and
+//! stateful operators (windowed aggregation, deduplication) behind
+//! [`stateful::StatefulOperator`], which own their state stores while the
+//! query loop owns time.
+
+pub mod aggregate;
+pub mod dedup;
+mod key_encoding;
+pub mod stateful;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;

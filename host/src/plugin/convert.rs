@@ -293,21 +293,13 @@ pub(crate) fn from_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
     arrow_select::concat::concat_batches(&schema, &batches)
 }
 
-/// Applies a transform's edit to its input: column edits, then the selection.
+/// Applies a transform's edit to its input: set columns, drop columns, then
+/// keep rows (the order the SDK's `testing::MemoryBatch::apply` follows).
 pub(crate) fn apply_edit(input: &RecordBatch, edit: wit::Edit) -> Result<RecordBatch, String> {
     let rows = input.num_rows();
     let schema = input.schema();
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns: Vec<ArrayRef> = input.columns().to_vec();
-    for name in &edit.drop_columns {
-        let Some(i) = fields.iter().position(|f| f.name() == name) else {
-            return Err(format!(
-                "asked to drop column {name:?}, which the input does not have"
-            ));
-        };
-        fields.remove(i);
-        columns.remove(i);
-    }
     for column in edit.set_columns {
         let existing = fields.iter().position(|f| *f.name() == column.name);
         let like = existing.map(|i| fields[i].data_type().clone());
@@ -322,6 +314,15 @@ pub(crate) fn apply_edit(input: &RecordBatch, edit: wit::Edit) -> Result<RecordB
                 columns.push(array);
             }
         }
+    }
+    for name in &edit.drop_columns {
+        let Some(i) = fields.iter().position(|f| f.name() == name) else {
+            return Err(format!(
+                "asked to drop column {name:?}, which the batch does not have"
+            ));
+        };
+        fields.remove(i);
+        columns.remove(i);
     }
     let edited =
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())?;
@@ -342,8 +343,178 @@ pub(crate) fn apply_edit(input: &RecordBatch, edit: wit::Edit) -> Result<RecordB
             if let Some(bad) = indices.iter().find(|&&i| i as usize >= rows) {
                 return Err(format!("selected row {bad}, the batch has {rows} rows"));
             }
+            if indices.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("selected row indices must be strictly ascending".into());
+            }
             let indices = arrow_array::UInt32Array::from(indices);
             arrow_select::take::take_record_batch(&edited, &indices).map_err(|e| e.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("status", DataType::Utf8, true),
+            Field::new("amount", DataType::Decimal128(12, 2), true),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into())),
+                true,
+            ),
+        ]));
+        let amount = Decimal128Array::from(vec![Some(2390), None, Some(-5), Some(100)])
+            .with_precision_and_scale(12, 2)
+            .expect("valid precision");
+        let at = TimestampMicrosecondArray::from(vec![Some(1), Some(2), None, Some(4)])
+            .with_timezone(UTC);
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
+                Arc::new(StringArray::from(vec![Some("a"), None, Some("ccc"), Some("")])),
+                Arc::new(amount),
+                Arc::new(at),
+            ],
+        )
+        .expect("valid batch")
+    }
+
+    #[test]
+    fn columns_round_trip_through_wit_including_slices() {
+        let b = batch().slice(1, 3);
+        for (i, field) in b.schema().fields().iter().enumerate() {
+            let wit = wit_column(field, b.column(i)).expect("supported");
+            let (f, array) = arrow_column(wit, 3, Some(field.data_type())).expect("valid");
+            assert_eq!(f.data_type(), field.data_type());
+            assert_eq!(array.as_ref(), b.column(i).as_ref(), "column {}", field.name());
+        }
+    }
+
+    #[test]
+    fn ipc_round_trips() {
+        let b = batch();
+        let bytes = to_ipc(&b).expect("encodes");
+        assert_eq!(from_ipc(&bytes).expect("decodes"), b);
+    }
+
+    fn utf8(name: &str, offsets: Vec<i32>, data: &[u8]) -> wit::Column {
+        wit::Column {
+            name: name.into(),
+            data_type: wit::DataType::Utf8,
+            validity: None,
+            values: wit::ColumnValues::Utf8(wit::Utf8Values {
+                offsets,
+                data: data.to_vec(),
+            }),
+        }
+    }
+
+    #[test]
+    fn edits_set_drop_and_keep() {
+        let b = batch();
+        let edit = wit::Edit {
+            set_columns: vec![utf8("status", vec![0, 1, 2, 3, 4], b"wxyz")],
+            drop_columns: vec!["amount".into()],
+            keep: Some(wit::Selection::Mask(vec![0b0000_1010])),
+        };
+        let out = apply_edit(&b, edit).expect("valid edit");
+        assert_eq!(out.num_rows(), 2);
+        let names: Vec<_> = out.schema().fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names, ["id", "status", "at"]);
+        assert_eq!(out.column(1).as_string::<i32>().value(0), "x");
+        assert_eq!(out.column(0).as_primitive::<Int64Type>().values(), &[2, 4]);
+
+        let keep = wit::Edit {
+            set_columns: vec![],
+            drop_columns: vec![],
+            keep: Some(wit::Selection::Indices(vec![0, 3])),
+        };
+        let out = apply_edit(&b, keep).expect("valid edit");
+        assert_eq!(out.column(0).as_primitive::<Int64Type>().values(), &[1, 4]);
+    }
+
+    #[test]
+    fn malformed_edits_are_refused_with_the_reason() {
+        let b = batch();
+        let cases = [
+            (
+                wit::Edit {
+                    set_columns: vec![utf8("s", vec![0, 1], b"x")],
+                    drop_columns: vec![],
+                    keep: None,
+                },
+                "has 1 values, the batch has 4 rows",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![utf8("s", vec![0, 2, 1, 1, 1], b"xy")],
+                    drop_columns: vec![],
+                    keep: None,
+                },
+                "never decrease",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![utf8("s", vec![0, 1, 1, 1, 9], b"xy")],
+                    drop_columns: vec![],
+                    keep: None,
+                },
+                "column \"s\"",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![utf8("s", vec![0, 1, 2, 3, 4], &[b'a', 0xff, b'b', b'c'])],
+                    drop_columns: vec![],
+                    keep: None,
+                },
+                "column \"s\"",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![],
+                    drop_columns: vec!["nope".into()],
+                    keep: None,
+                },
+                "drop column \"nope\"",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![],
+                    drop_columns: vec![],
+                    keep: Some(wit::Selection::Indices(vec![2, 1])),
+                },
+                "strictly ascending",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![],
+                    drop_columns: vec![],
+                    keep: Some(wit::Selection::Indices(vec![7])),
+                },
+                "selected row 7",
+            ),
+            (
+                wit::Edit {
+                    set_columns: vec![wit::Column {
+                        name: "n".into(),
+                        data_type: wit::DataType::Int64,
+                        validity: None,
+                        values: wit::ColumnValues::Float64(vec![1.0; 4]),
+                    }],
+                    drop_columns: vec![],
+                    keep: None,
+                },
+                "declared type Int64",
+            ),
+        ];
+        for (edit, expected) in cases {
+            let err = apply_edit(&b, edit).expect_err(expected);
+            assert!(err.contains(expected), "{err} should mention {expected}");
         }
     }
 }

@@ -149,6 +149,16 @@ impl Runtime {
         Ok(())
     }
 
+    /// Fuel left in the store; 0 when fuel is not metered (asking wasmtime
+    /// then builds an error, which is not free on the per-call path).
+    fn fuel_left(&self, store: &Store<HostState>) -> u64 {
+        if self.engine.fuel_enabled() {
+            store.get_fuel().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
     /// Turns a wasmtime error (trap, limit, deadline) into a typed error.
     fn classify(
         &self,
@@ -344,7 +354,7 @@ impl WasmTransform {
         };
         let started = Instant::now();
         self.rt.arm(&mut live.store)?;
-        let fuel_before = live.store.get_fuel().unwrap_or(0);
+        let fuel_before = self.rt.fuel_left(&live.store);
         live.store.data_mut().begin_call(info, Phase::InTransform);
         let resource = live
             .store
@@ -529,7 +539,7 @@ impl WasmSink {
         };
         let started = Instant::now();
         self.rt.arm(&mut live.store)?;
-        let fuel_before = live.store.get_fuel().unwrap_or(0);
+        let fuel_before = self.rt.fuel_left(&live.store);
         live.store.data_mut().begin_call(info, Phase::InSink);
         let resource = live
             .store

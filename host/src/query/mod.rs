@@ -21,7 +21,14 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
+mod fingerprint;
+
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
+use crate::operator::dedup::{DedupConfig, DedupOperator};
+use crate::operator::stateful::{OperatorError, OperatorMetrics, StatefulContext, StatefulOperator};
+use crate::state::{StateError, StateOptions, StoreKind};
+use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
 use crate::decode::{self, DecodeError, Decoder, DecoderOptions};
 use crate::failpoint::{Failpoint, Phase};
 use crate::operator::{BatchTransform, TransformError};
@@ -32,7 +39,7 @@ use crate::plugin::{
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
 use crate::source::{FileEntry, FilesSource, SourceError};
-use crate::spec::{self, Pipeline, SinkSpec, SourceKind, Trigger};
+use crate::spec::{self, OutputMode, Pipeline, SinkSpec, SourceKind, Trigger};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -120,13 +127,30 @@ pub enum QueryError {
     Sink(#[from] SinkError),
     #[error("batch {batch_id}: {message}")]
     Protocol { batch_id: u64, message: String },
+    #[error(transparent)]
+    Operator(#[from] OperatorError),
+    #[error(transparent)]
+    Watermark(#[from] WatermarkError),
+    #[error("state: {0}")]
+    State(#[from] StateError),
+    #[error("query {query}: {message}")]
+    Invalid { query: String, message: String },
+    #[error("the checkpoint {} was written by another query and cannot be resumed:\n  - {}\nStart a new checkpoint (change query.checkpoint), or undo the change.", checkpoint.display(), changes.join("\n  - "))]
+    Changed {
+        checkpoint: PathBuf,
+        changes: Vec<String>,
+    },
 }
 
 /// `offsets/N`: what batch N reads, written before it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OffsetEntry {
+    /// wm(b): what stateful operators emit and evict by.
     pub batch_watermark_ms: i64,
+    /// wm(b−1): what late rows are filtered by (Spark ≥ 3.4 keeps both).
+    #[serde(default)]
+    pub late_row_watermark_ms: i64,
     pub batch_timestamp_ms: i64,
     pub sources: Vec<SourceOffset>,
 }
@@ -165,6 +189,12 @@ pub struct Query {
     source: FilesSource,
     dead_letter: Option<PathBuf>,
     transforms: Vec<Box<dyn BatchTransform>>,
+    watermark: Option<Watermark>,
+    stateful: Option<Box<dyn StatefulOperator>>,
+    /// wm of the last planned batch, i.e. wm(b−1) for the next one.
+    last_watermark_ms: i64,
+    /// wm for the next batch to plan.
+    next_watermark_ms: i64,
     sink: Box<dyn Sink>,
     output_schema: SchemaRef,
     /// A planned batch without a commit, to run again first.
@@ -194,7 +224,7 @@ impl Query {
     /// When the checkpoint is locked or damaged, or a plugin or the sink
     /// cannot start.
     pub fn start(pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
-        let checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
+        let mut checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
         let last_planned = checkpoint.offsets().latest()?;
         let last_committed = checkpoint.commits().latest()?;
         // Read the newest entries now: a damaged log is reported before
@@ -284,6 +314,66 @@ impl Query {
             transforms.push(transform);
         }
 
+        let watermark = match &pipeline.watermark {
+            Some(w) => Some(Watermark::new(
+                &w.column,
+                i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX),
+                &schema,
+            )?),
+            None => None,
+        };
+        let stateful = build_stateful(&pipeline, checkpoint.dir(), &schema)?;
+        if let Some(op) = &stateful {
+            schema = Arc::clone(op.output_schema());
+        }
+
+        // The checkpoint must have been written by this query (§3.3).
+        let plugins: Vec<(String, String)> = transforms
+            .iter()
+            .filter_map(|t| t.plugin_usage())
+            .map(|(name, sha, _)| (name, sha))
+            .collect();
+        let fingerprint = fingerprint::of(
+            &pipeline,
+            stateful.as_ref().map(|op| op.output_schema().as_ref()),
+            &plugins,
+        );
+        match checkpoint.metadata().fingerprint.clone() {
+            Some(old) => {
+                let diff = fingerprint::compare(&old, &fingerprint);
+                if !diff.refused.is_empty() {
+                    return Err(QueryError::Changed {
+                        checkpoint: checkpoint.dir().to_path_buf(),
+                        changes: diff.refused,
+                    });
+                }
+                for change in &diff.accepted {
+                    tracing::info!(query = %pipeline.query.name, "accepted a change of the query: {change}");
+                }
+                if !diff.accepted.is_empty() {
+                    checkpoint.set_fingerprint(fingerprint)?;
+                }
+            }
+            None => checkpoint.set_fingerprint(fingerprint)?,
+        }
+
+        // Where the watermark stands (§3.1): the last planned batch's, and
+        // the one its commit computed for the next batch.
+        let (mut last_watermark_ms, mut next_watermark_ms) = (0, 0);
+        if let Some(n) = last_planned {
+            let entry: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
+            let wm = entry.map_or(0, |e| e.batch_watermark_ms);
+            last_watermark_ms = wm;
+            next_watermark_ms = wm;
+            if pending.is_none() {
+                let commit: Option<CommitEntry> = checkpoint.commits().get(n)?;
+                next_watermark_ms = commit.map_or(wm, |c| c.next_batch_watermark_ms);
+            } else if n > 0 {
+                let previous: Option<OffsetEntry> = checkpoint.offsets().get(n - 1)?;
+                last_watermark_ms = previous.map_or(0, |e| e.batch_watermark_ms);
+            }
+        }
+
         let sink: Box<dyn Sink> = match &pipeline.sink {
             SinkSpec::Files { path, format } => Box::new(FilesSink::new(
                 path.clone(),
@@ -345,6 +435,10 @@ impl Query {
             source,
             dead_letter,
             transforms,
+            watermark,
+            stateful,
+            last_watermark_ms,
+            next_watermark_ms,
             sink,
             output_schema: schema,
             pending,
@@ -377,7 +471,7 @@ impl Query {
     /// next start runs it again.
     pub fn run(&mut self) -> Result<RunSummary, QueryError> {
         if let Some(n) = self.pending.take() {
-            self.run_batch(n, true)?;
+            self.run_planned(n, true, 0, Instant::now())?;
         }
         match self.pipeline.query.trigger {
             Trigger::AvailableNow => {
@@ -388,6 +482,11 @@ impl Query {
                     let files = self.source.take(&remaining, false);
                     remaining.drain(..files.len());
                     self.plan_and_run(files)?;
+                }
+                // Then, like Spark, one batch without data if the watermark
+                // moved, so that what it passed is emitted.
+                if !self.stopped() && self.wants_no_data_batch() {
+                    self.plan_and_run(Vec::new())?;
                 }
             }
             Trigger::Once => {
@@ -402,25 +501,43 @@ impl Query {
             Trigger::ProcessingTime(interval) => {
                 while !self.stopped() {
                     let started = Instant::now();
-                    let files = self.source.take(&self.source.list_new()?, false);
-                    if !files.is_empty() {
-                        self.plan_and_run(files)?;
-                    }
+                    self.trigger_once()?;
                     self.sleep(interval.saturating_sub(started.elapsed()));
                 }
             }
             Trigger::Continuous => {
                 while !self.stopped() {
-                    let files = self.source.take(&self.source.list_new()?, false);
-                    if files.is_empty() {
+                    if !self.trigger_once()? {
                         self.sleep(POLL_INTERVAL);
-                    } else {
-                        self.plan_and_run(files)?;
                     }
                 }
             }
         }
         Ok(self.summary.clone())
+    }
+
+    /// One trigger of a long-running query: a batch of new files, or a
+    /// no-data batch when the watermark moved. Whether a batch ran.
+    fn trigger_once(&mut self) -> Result<bool, QueryError> {
+        let files = self.source.take(&self.source.list_new()?, false);
+        if !files.is_empty() {
+            self.plan_and_run(files)?;
+            return Ok(true);
+        }
+        if self.wants_no_data_batch() {
+            self.plan_and_run(Vec::new())?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Spark runs a batch without new data when a stateful operator could
+    /// emit or evict because the watermark advanced (not in complete mode).
+    fn wants_no_data_batch(&self) -> bool {
+        self.stateful.is_some()
+            && self.watermark.is_some()
+            && self.pipeline.query.output_mode != OutputMode::Complete
+            && self.next_watermark_ms > self.last_watermark_ms
     }
 
     /// Sleeps, waking early when a stop is requested.
@@ -443,7 +560,8 @@ impl Query {
         self.checkpoint.offsets().put(
             n,
             &OffsetEntry {
-                batch_watermark_ms: 0,
+                batch_watermark_ms: self.next_watermark_ms,
+                late_row_watermark_ms: self.last_watermark_ms,
                 batch_timestamp_ms: self.options.clock.now_ms(),
                 sources: vec![SourceOffset {
                     name: self.source.name().to_owned(),
@@ -455,11 +573,6 @@ impl Query {
         Failpoint::check(self.options.failpoint.as_ref(), Phase::AfterOffsets, n);
         self.next_batch = n + 1;
         self.run_planned(n, false, wal_ms, started)
-    }
-
-    /// Runs batch `n` again from its offsets entry (recovery).
-    fn run_batch(&mut self, n: u64, replay: bool) -> Result<(), QueryError> {
-        self.run_planned(n, replay, 0, Instant::now())
     }
 
     fn run_planned(
@@ -490,7 +603,7 @@ impl Query {
         let retries = self.pipeline.query.max_batch_retries;
         let usage_before = self.plugin_usages();
         let outcome = loop {
-            match self.execute(&info) {
+            match self.execute(&info, &entry) {
                 Ok(outcome) => break outcome,
                 Err(e) if info.attempt < retries + u32::from(replay) && is_retryable(&e) => {
                     let backoff = Duration::from_millis(100 << info.attempt.min(6));
@@ -503,12 +616,23 @@ impl Query {
         };
         Failpoint::check(self.options.failpoint.as_ref(), Phase::BeforeCommit, n);
         let commit_started = Instant::now();
+        // State first (version n), then the batch (§3 step 4).
+        let state_metrics = match &mut self.stateful {
+            Some(op) => Some(op.commit(n)?),
+            None => None,
+        };
+        let next_watermark_ms = match &self.watermark {
+            Some(w) => w.next(entry.batch_watermark_ms, outcome.event_time),
+            None => entry.batch_watermark_ms,
+        };
         self.checkpoint.commits().put(
             n,
             &CommitEntry {
-                next_batch_watermark_ms: entry.batch_watermark_ms,
+                next_batch_watermark_ms: next_watermark_ms,
             },
         )?;
+        self.last_watermark_ms = entry.batch_watermark_ms;
+        self.next_watermark_ms = next_watermark_ms;
         if n >= BATCHES_TO_RETAIN {
             let keep_from = n + 1 - BATCHES_TO_RETAIN;
             self.checkpoint.offsets().purge_before(keep_from)?;
@@ -516,71 +640,7 @@ impl Query {
         }
         let commit_ms = millis(commit_started.elapsed());
         let total_ms = millis(trigger_start.elapsed());
-
-        let mut duration_ms = BTreeMap::new();
-        duration_ms.insert("latestOffset", 0);
-        duration_ms.insert("walCommit", wal_ms);
-        duration_ms.insert("getBatch", outcome.get_batch_ms);
-        duration_ms.insert("addBatch", outcome.add_batch_ms);
-        duration_ms.insert("commitOffsets", commit_ms);
-        duration_ms.insert("triggerExecution", total_ms);
-        let input_rate = since_last.map_or(0.0, |d| progress::rate(outcome.input_rows, millis(d)));
-        let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
-        let mut metrics = BTreeMap::new();
-        metrics.insert("numMalformedRows", outcome.malformed_rows.to_string());
-        metrics.insert("numFiles", outcome.files.to_string());
-        let usage_after = self.plugin_usages();
-        let record = QueryProgress {
-            id: self.checkpoint.query_id().to_owned(),
-            run_id: self.run_id.clone(),
-            name: self.pipeline.query.name.clone(),
-            timestamp: progress::rfc3339_ms(entry.batch_timestamp_ms),
-            batch_id: n,
-            batch_duration: total_ms,
-            num_input_rows: outcome.input_rows,
-            input_rows_per_second: input_rate,
-            processed_rows_per_second: processed_rate,
-            duration_ms,
-            event_time: BTreeMap::new(),
-            state_operators: Vec::new(),
-            sources: vec![SourceProgress {
-                description: self.source.description(),
-                start_offset: n
-                    .checked_sub(1)
-                    .map(|p| serde_json::json!({ "logOffset": p })),
-                end_offset: serde_json::json!({ "logOffset": n }),
-                latest_offset: serde_json::json!({ "logOffset": n }),
-                num_input_rows: outcome.input_rows,
-                input_rows_per_second: input_rate,
-                processed_rows_per_second: processed_rate,
-                metrics,
-            }],
-            sink: SinkProgress {
-                description: self.sink.description(),
-                num_output_rows: outcome.output_rows,
-                metrics: BTreeMap::new(),
-            },
-            plugins: usage_after
-                .into_iter()
-                .map(|(name, sha256, after)| {
-                    let before = usage_before
-                        .iter()
-                        .find(|(n, _, _)| *n == name)
-                        .map(|(_, _, u)| u.clone())
-                        .unwrap_or_default();
-                    PluginProgress {
-                        name,
-                        sha256,
-                        calls: after.calls - before.calls,
-                        call_time_ms: (after.call_time.saturating_sub(before.call_time))
-                            .as_secs_f64()
-                            * 1000.0,
-                        instantiations: after.instantiations - before.instantiations,
-                        fuel_consumed: after.fuel_consumed - before.fuel_consumed,
-                    }
-                })
-                .collect(),
-        };
+        let record = self.progress(n, &entry, &outcome, state_metrics, usage_before, since_last, [wal_ms, commit_ms, total_ms]);
         let json = serde_json::to_value(&record).map_err(|e| QueryError::Protocol {
             batch_id: n,
             message: format!("cannot serialise progress: {e}"),
@@ -595,6 +655,92 @@ impl Query {
         Ok(())
     }
 
+    /// The progress record of batch `n` (Spark's `StreamingQueryProgress`).
+    #[allow(clippy::too_many_arguments, reason = "one call site; the pieces are unrelated")]
+    fn progress(
+        &self,
+        n: u64,
+        entry: &OffsetEntry,
+        outcome: &Outcome,
+        state_metrics: Option<OperatorMetrics>,
+        usage_before: Vec<(String, String, PluginUsage)>,
+        since_last: Option<Duration>,
+        [wal_ms, commit_ms, total_ms]: [u64; 3],
+    ) -> QueryProgress {
+        let mut duration_ms = BTreeMap::new();
+        duration_ms.insert("latestOffset", 0);
+        duration_ms.insert("walCommit", wal_ms);
+        duration_ms.insert("getBatch", outcome.get_batch_ms);
+        duration_ms.insert("addBatch", outcome.add_batch_ms);
+        duration_ms.insert("commitOffsets", commit_ms);
+        duration_ms.insert("triggerExecution", total_ms);
+        let input_rate = since_last.map_or(0.0, |d| progress::rate(outcome.input_rows, millis(d)));
+        let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
+        let mut metrics = BTreeMap::new();
+        metrics.insert("numMalformedRows", outcome.malformed_rows.to_string());
+        metrics.insert("numFiles", outcome.files.to_string());
+        let mut event_time = BTreeMap::new();
+        if self.watermark.is_some() {
+            event_time.insert("watermark", progress::rfc3339_ms(entry.batch_watermark_ms));
+            if let Some(r) = outcome.event_time {
+                event_time.insert("min", progress::rfc3339_ms(r.min_ms));
+                event_time.insert("max", progress::rfc3339_ms(r.max_ms));
+            }
+        }
+        let state_operators = state_metrics
+            .into_iter()
+            .filter_map(|m| serde_json::to_value(m).ok())
+            .collect();
+        QueryProgress {
+            id: self.checkpoint.query_id().to_owned(),
+            run_id: self.run_id.clone(),
+            name: self.pipeline.query.name.clone(),
+            timestamp: progress::rfc3339_ms(entry.batch_timestamp_ms),
+            batch_id: n,
+            batch_duration: total_ms,
+            num_input_rows: outcome.input_rows,
+            input_rows_per_second: input_rate,
+            processed_rows_per_second: processed_rate,
+            duration_ms,
+            event_time,
+            state_operators,
+            sources: vec![SourceProgress {
+                description: self.source.description(),
+                start_offset: n.checked_sub(1).map(|p| serde_json::json!({ "logOffset": p })),
+                end_offset: serde_json::json!({ "logOffset": n }),
+                latest_offset: serde_json::json!({ "logOffset": n }),
+                num_input_rows: outcome.input_rows,
+                input_rows_per_second: input_rate,
+                processed_rows_per_second: processed_rate,
+                metrics,
+            }],
+            sink: SinkProgress {
+                description: self.sink.description(),
+                num_output_rows: outcome.output_rows,
+                metrics: BTreeMap::new(),
+            },
+            plugins: self
+                .plugin_usages()
+                .into_iter()
+                .map(|(name, sha256, after)| {
+                    let before = usage_before
+                        .iter()
+                        .find(|(n, _, _)| *n == name)
+                        .map(|(_, _, u)| u.clone())
+                        .unwrap_or_default();
+                    PluginProgress {
+                        name,
+                        sha256,
+                        calls: after.calls - before.calls,
+                        call_time_ms: (after.call_time.saturating_sub(before.call_time)).as_secs_f64() * 1000.0,
+                        instantiations: after.instantiations - before.instantiations,
+                        fuel_consumed: after.fuel_consumed - before.fuel_consumed,
+                    }
+                })
+                .collect(),
+        }
+    }
+
     fn plugin_usages(&self) -> Vec<(String, String, PluginUsage)> {
         self.transforms
             .iter()
@@ -603,8 +749,10 @@ impl Query {
             .collect()
     }
 
-    /// Reads, transforms and writes batch `info.batch_id`; no checkpoint writes.
-    fn execute(&mut self, info: &BatchInfo) -> Result<Outcome, QueryError> {
+    /// Reads, transforms, runs the stateful operator and writes batch
+    /// `info.batch_id`; writes nothing to the checkpoint but state pending
+    /// its commit.
+    fn execute(&mut self, info: &BatchInfo, entry: &OffsetEntry) -> Result<Outcome, QueryError> {
         let n = info.batch_id;
         let get_started = Instant::now();
         let files = self.source.planned(&self.checkpoint, n)?;
@@ -634,12 +782,24 @@ impl Query {
                 outputs.push(batch);
             }
         }
+        let event_time = self.watermark.as_ref().and_then(|w| w.observe(&outputs));
+        if let Some(op) = &mut self.stateful {
+            // Every attempt starts from the state the previous batch committed.
+            op.load(n.checked_sub(1))?;
+            let ctx = StatefulContext {
+                batch_id: n,
+                late_ms: entry.late_row_watermark_ms,
+                watermark_ms: entry.batch_watermark_ms,
+            };
+            outputs = op.process(&ctx, &outputs)?;
+        }
         let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
         Ok(Outcome {
             files: files.len(),
             input_rows: decoded.num_input_rows,
             malformed_rows: decoded.num_malformed,
             output_rows,
+            event_time,
             get_batch_ms,
             add_batch_ms: millis(add_started.elapsed()),
         })
@@ -651,6 +811,7 @@ struct Outcome {
     input_rows: u64,
     malformed_rows: u64,
     output_rows: u64,
+    event_time: Option<EventTimeRange>,
     get_batch_ms: u64,
     add_batch_ms: u64,
 }
@@ -667,4 +828,117 @@ fn is_retryable(e: &QueryError) -> bool {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The stateful operator of the pipeline, if any, checked against Spark's
+/// rules for output modes.
+fn build_stateful(
+    pipeline: &Pipeline,
+    checkpoint_dir: &std::path::Path,
+    schema: &SchemaRef,
+) -> Result<Option<Box<dyn StatefulOperator>>, QueryError> {
+    let query = &pipeline.query;
+    let invalid = |message: String| QueryError::Invalid {
+        query: query.name.clone(),
+        message,
+    };
+    let state = StateOptions {
+        kind: match query.state_store {
+            spec::StateStoreKind::RocksDb => StoreKind::RocksDb,
+            spec::StateStoreKind::Memory => StoreKind::Memory,
+        },
+        ..StateOptions::default()
+    };
+    let state_dir = checkpoint_dir.join("state").join("0");
+    let delay_ms = pipeline
+        .watermark
+        .as_ref()
+        .map_or(0, |w| i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX));
+    if let Some(a) = &pipeline.aggregate {
+        let aggregates = a
+            .select
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                crate::operator::aggregate::parse_agg_expr(text)
+                    .map_err(|e| invalid(format!("aggregate.select[{i}]: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let window = a.window.as_ref().map(|w| WindowConfig {
+            column: w.column.clone(),
+            spec: match w.kind {
+                spec::WindowKind::Tumbling { size } => crate::operator::aggregate::WindowSpec::Tumbling {
+                    size_ms: millis_i64(size),
+                },
+                spec::WindowKind::Sliding { size, slide } => crate::operator::aggregate::WindowSpec::Sliding {
+                    size_ms: millis_i64(size),
+                    slide_ms: millis_i64(slide),
+                },
+                spec::WindowKind::Session { gap } => crate::operator::aggregate::WindowSpec::Session {
+                    gap_ms: millis_i64(gap),
+                },
+            },
+        });
+        if pipeline.watermark.is_none() {
+            tracing::warn!(
+                query = %query.name,
+                "the aggregation has no [watermark]: its state grows without bound; declare one so old windows can be evicted"
+            );
+        }
+        let op = AggregateOperator::new(
+            AggregateConfig {
+                window,
+                group_by: a.group_by.clone(),
+                aggregates,
+                output_mode: match query.output_mode {
+                    OutputMode::Append => AggOutputMode::Append,
+                    OutputMode::Update => AggOutputMode::Update,
+                    OutputMode::Complete => AggOutputMode::Complete,
+                },
+                watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
+                num_partitions: query.state_partitions,
+                state_dir,
+                state,
+            },
+            schema,
+        )?;
+        return Ok(Some(Box::new(op)));
+    }
+    if let Some(d) = &pipeline.deduplicate {
+        if query.output_mode == OutputMode::Complete {
+            return Err(invalid(
+                "complete output mode needs an aggregation; deduplication supports append and update".into(),
+            ));
+        }
+        let event_time = pipeline.watermark.as_ref().map(|w| w.column.clone());
+        if !event_time.as_ref().is_some_and(|c| d.keys.contains(c)) && !d.within_watermark {
+            tracing::warn!(
+                query = %query.name,
+                "deduplication keys do not include the watermarked event time: its state grows without bound (use within_watermark = true, or add the event-time column to the keys)"
+            );
+        }
+        let op = DedupOperator::new(
+            DedupConfig {
+                keys: d.keys.clone(),
+                within_watermark: d.within_watermark,
+                event_time,
+                delay_ms,
+                num_partitions: query.state_partitions,
+                state_dir,
+                state,
+            },
+            schema,
+        )?;
+        return Ok(Some(Box::new(op)));
+    }
+    if query.output_mode == OutputMode::Complete {
+        return Err(invalid(
+            "complete output mode is only for queries with an [aggregate]: use append".into(),
+        ));
+    }
+    Ok(None)
+}
+
+fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -40,6 +40,12 @@ pub struct Pipeline {
     pub sources: Vec<SourceSpec>,
     /// The `[[transform]]` tables, in the order they apply.
     pub transforms: Vec<TransformSpec>,
+    /// The `[watermark]` table.
+    pub watermark: Option<WatermarkSpec>,
+    /// The `[aggregate]` table.
+    pub aggregate: Option<AggregateSpec>,
+    /// The `[deduplicate]` table.
+    pub deduplicate: Option<DeduplicateSpec>,
     /// The `[sink]` table.
     pub sink: SinkSpec,
     /// The folder relative paths were resolved against (the pipeline file's folder).
@@ -59,6 +65,67 @@ pub struct QuerySpec {
     pub output_mode: OutputMode,
     /// `max_batch_retries`: retries of a batch failing with a retryable error (default 2).
     pub max_batch_retries: u32,
+    /// `state_store`: where stateful operators keep state (default rocksdb).
+    pub state_store: StateStoreKind,
+    /// `state_partitions`: how many partitions state is split into (default 2, like the
+    /// reference Spark runs); frozen in the checkpoint at the first start.
+    pub state_partitions: u32,
+    /// `watermark_policy`: how the watermarks of several inputs combine (default min).
+    pub watermark_policy: WatermarkPolicy,
+}
+
+/// `query.state_store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateStoreKind {
+    RocksDb,
+    Memory,
+}
+
+/// `query.watermark_policy`: Spark's `spark.sql.streaming.multipleWatermarkPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatermarkPolicy {
+    Min,
+    Max,
+}
+
+/// The `[watermark]` table: event time and how late it may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatermarkSpec {
+    pub column: String,
+    pub delay: Duration,
+    /// Opt-in: advance the watermark of an input idle for this long.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// The `[aggregate]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AggregateSpec {
+    pub window: Option<WindowSpec>,
+    pub group_by: Vec<String>,
+    /// Aggregate expressions such as `"sum(amount) AS revenue"`, checked by the operator.
+    pub select: Vec<String>,
+}
+
+/// `aggregate.window`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub column: String,
+    pub kind: WindowKind,
+}
+
+/// Tumbling (`size`), sliding (`size` + `slide`) or session (`gap`) windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumbling { size: Duration },
+    Sliding { size: Duration, slide: Duration },
+    Session { gap: Duration },
+}
+
+/// The `[deduplicate]` table: Spark's `dropDuplicates` / `dropDuplicatesWithinWatermark`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeduplicateSpec {
+    pub keys: Vec<String>,
+    pub within_watermark: bool,
 }
 
 /// When batches start.

@@ -22,7 +22,42 @@ pub(super) struct RawPipeline {
     pub query: Option<RawQuery>,
     pub source: Option<Vec<RawSource>>,
     pub transform: Option<Vec<RawTransform>>,
+    pub watermark: Option<RawWatermark>,
+    pub aggregate: Option<RawAggregate>,
+    pub deduplicate: Option<RawDeduplicate>,
     pub sink: Option<RawSink>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWatermark {
+    pub column: Option<String>,
+    pub delay: Option<String>,
+    pub idle_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAggregate {
+    pub window: Option<RawWindow>,
+    pub group_by: Option<Vec<String>>,
+    pub select: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWindow {
+    pub column: Option<String>,
+    pub size: Option<String>,
+    pub slide: Option<String>,
+    pub gap: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDeduplicate {
+    pub keys: Option<Vec<String>>,
+    pub within_watermark: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -33,6 +68,9 @@ pub(super) struct RawQuery {
     pub trigger: Option<String>,
     pub output_mode: Option<String>,
     pub max_batch_retries: Option<i64>,
+    pub state_store: Option<String>,
+    pub state_partitions: Option<i64>,
+    pub watermark_policy: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

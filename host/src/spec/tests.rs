@@ -109,6 +109,9 @@ fn example_round_trips_to_the_expected_pipeline() {
             trigger: Trigger::AvailableNow,
             output_mode: OutputMode::Append,
             max_batch_retries: 2,
+            state_store: StateStoreKind::RocksDb,
+            state_partitions: 2,
+            watermark_policy: WatermarkPolicy::Min,
         },
         sources: vec![SourceSpec {
             name: "orders".into(),
@@ -131,6 +134,9 @@ fn example_round_trips_to_the_expected_pipeline() {
                 fuel: Some(1_000_000_000),
             },
         }],
+        watermark: None,
+        aggregate: None,
+        deduplicate: None,
         sink: SinkSpec::Files {
             path: base.join("out/revenue"),
             format: OutputFormat::Parquet,
@@ -210,9 +216,7 @@ path = "t"
     let found = problems(dir.path(), text, &[]);
     let missing = dir.path().join("plugins/missing.wasm");
     let expected: Vec<(String, String)> = vec![
-        ("query.state_store", "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries)"),
         ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv)"),
-        ("watermark", "unknown key (known keys: query, source, transform, sink)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
         ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
@@ -234,14 +238,16 @@ path = "t"
     let err = parse_in(dir.path(), text, &[]).unwrap_err();
     let shown = err.to_string();
     assert!(
-        shown.starts_with("pipeline.toml: 15 problem(s):\n  - query.state_store: unknown key"),
+        shown.starts_with(
+            "pipeline.toml: 13 problem(s):\n  - source.orders.max_file_per_trigger: unknown key"
+        ),
         "{shown}"
     );
     assert!(
         shown.contains("\n  - sink.kind: \"delta\" is not a sink kind"),
         "{shown}"
     );
-    assert_eq!(shown.lines().count(), 16);
+    assert_eq!(shown.lines().count(), 14);
 }
 
 #[test]
@@ -854,4 +860,76 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
             "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities)".to_string()
         )]
     );
+}
+
+const STATEFUL: &str = r#"
+[query]
+name = "revenue_5m"
+checkpoint = "checkpoints/revenue_5m"
+state_store = "memory"
+state_partitions = 4
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "order_id BIGINT, status STRING, amount DECIMAL(12,2), occurred_at TIMESTAMP"
+
+[watermark]
+column = "occurred_at"
+delay = "10 minutes"
+
+[aggregate]
+window = { column = "occurred_at", size = "5 minutes", slide = "1 minute" }
+group_by = ["status"]
+select = ["sum(amount) AS revenue", "count(*) AS orders"]
+
+[sink]
+kind = "console"
+"#;
+
+#[test]
+fn stateful_tables_are_read() {
+    let dir = workspace();
+    let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
+    assert_eq!(p.query.state_store, StateStoreKind::Memory);
+    assert_eq!(p.query.state_partitions, 4);
+    assert_eq!(
+        p.watermark,
+        Some(WatermarkSpec {
+            column: "occurred_at".into(),
+            delay: Duration::from_secs(600),
+            idle_timeout: None
+        })
+    );
+    let a = p.aggregate.unwrap();
+    assert_eq!(
+        a.window,
+        Some(WindowSpec {
+            column: "occurred_at".into(),
+            kind: WindowKind::Sliding {
+                size: Duration::from_secs(300),
+                slide: Duration::from_secs(60)
+            }
+        })
+    );
+    assert_eq!(a.group_by, ["status"]);
+    assert_eq!(a.select.len(), 2);
+    assert!(p.deduplicate.is_none());
+}
+
+#[test]
+fn stateful_problems_are_all_reported() {
+    let dir = workspace();
+    let text = STATEFUL
+        .replace("state_store = \"memory\"", "state_store = \"redis\"")
+        .replace("size = \"5 minutes\", slide = \"1 minute\"", "size = \"5 minutes\", slide = \"9 minutes\"")
+        .replace("delay = \"10 minutes\"", "delay = \"ten\"")
+        .replace("[sink]", "[deduplicate]\nkeys = []\n\n[sink]");
+    let err = parse_in(dir.path(), &text, &[]).unwrap_err();
+    let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+    for expected in ["query.state_store", "watermark.delay", "aggregate.window.slide", "deduplicate.keys"] {
+        assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
+    }
 }

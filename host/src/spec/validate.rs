@@ -14,10 +14,14 @@ use toml::{Table, Value};
 
 use super::duration::parse_duration;
 use super::raw::{
-    RawCapabilities, RawLimits, RawPipeline, RawQuery, RawSink, RawSource, RawTransform,
-    source_label,
+    RawAggregate, RawCapabilities, RawDeduplicate, RawLimits, RawPipeline, RawQuery, RawSink,
+    RawSource, RawTransform, RawWatermark, source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
+use super::{
+    AggregateSpec, DeduplicateSpec, StateStoreKind, WatermarkPolicy, WatermarkSpec, WindowKind,
+    WindowSpec,
+};
 use super::{
     Capabilities, DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode,
     Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
@@ -149,11 +153,35 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         .enumerate()
         .map(|(i, t)| transform(i, t, base, c))
         .collect();
+    let watermark = raw.watermark.map(|w| watermark(w, c));
+    let aggregate = raw.aggregate.map(|a| aggregate(a, c));
+    let deduplicate = raw.deduplicate.map(|d| deduplicate(d, c));
+    if aggregate.is_some() && deduplicate.is_some() {
+        c.push(
+            "deduplicate",
+            "a query has one stateful operator: use [aggregate] or [deduplicate], not both",
+        );
+    }
+    if let (Some(Some(w)), Some(Some(a))) = (&watermark, &aggregate)
+        && let Some(window) = &a.window
+        && window.column != w.column
+    {
+        c.push(
+            "aggregate.window.column",
+            format!(
+                "the window is on {:?} but the watermark is on {:?}: windows of a watermarked query must use the watermark column",
+                window.column, w.column
+            ),
+        );
+    }
     let sink = sink(raw.sink, base, c);
     Some(Pipeline {
         query: query?,
         sources: sources?,
         transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
+        watermark: present(watermark).ok()?,
+        aggregate: present(aggregate).ok()?,
+        deduplicate: present(deduplicate).ok()?,
         sink: sink?,
         base_dir: base.to_path_buf(),
     })
@@ -192,13 +220,171 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
             None
         }),
     };
+    let state_store = match q.state_store.as_deref() {
+        None => Some(StateStoreKind::RocksDb),
+        Some(kind) => c.choice(
+            "query.state_store",
+            kind,
+            "a state store",
+            &[("rocksdb", StateStoreKind::RocksDb), ("memory", StateStoreKind::Memory)],
+        ),
+    };
+    let state_partitions = match q.state_partitions {
+        None => Some(DEFAULT_STATE_PARTITIONS),
+        Some(n) => match u32::try_from(n) {
+            Ok(p @ 1..=1024) => Some(p),
+            _ => {
+                c.push(
+                    "query.state_partitions",
+                    format!("{n} is not a partition count: use 1 to 1024"),
+                );
+                None
+            }
+        },
+    };
+    let watermark_policy = match q.watermark_policy.as_deref() {
+        None => Some(WatermarkPolicy::Min),
+        Some(p) => c.choice(
+            "query.watermark_policy",
+            p,
+            "a watermark policy",
+            &[("min", WatermarkPolicy::Min), ("max", WatermarkPolicy::Max)],
+        ),
+    };
     Some(QuerySpec {
         name: name?,
         checkpoint: checkpoint?,
         trigger: trigger?,
         output_mode: output_mode?,
         max_batch_retries: max_batch_retries?,
+        state_store: state_store?,
+        state_partitions: state_partitions?,
+        watermark_policy: watermark_policy?,
     })
+}
+
+const DEFAULT_STATE_PARTITIONS: u32 = 2;
+
+/// A required, positive duration at `path`.
+fn positive_duration(c: &mut Collector, path: &str, value: Option<&str>) -> Option<std::time::Duration> {
+    let text = c.required(path, value)?;
+    match parse_duration(text) {
+        Ok(d) if !d.is_zero() => Some(d),
+        Ok(_) => {
+            c.push(path, "must be longer than zero");
+            None
+        }
+        Err(e) => {
+            c.push(path, e);
+            None
+        }
+    }
+}
+
+fn non_empty_names(c: &mut Collector, path: &str, names: Option<Vec<String>>) -> Option<Vec<String>> {
+    let names = c.required(path, names)?;
+    if names.is_empty() {
+        c.push(path, "must name at least one column");
+        return None;
+    }
+    if let Some(blank) = names.iter().position(|n| n.trim().is_empty()) {
+        c.push(&format!("{path}[{blank}]"), "must not be empty");
+        return None;
+    }
+    Some(names)
+}
+
+/// `[watermark]`; the outer `Option` is `None` when a problem was reported.
+fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
+    let column = c.required("watermark.column", w.column);
+    let delay = match w.delay.as_deref() {
+        None => {
+            c.push("watermark.delay", "required key is missing");
+            None
+        }
+        Some(text) => match parse_duration(text) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                c.push("watermark.delay", e);
+                None
+            }
+        },
+    };
+    let idle_timeout = match w.idle_timeout.as_deref() {
+        None => Some(None),
+        Some(t) => positive_duration(c, "watermark.idle_timeout", Some(t)).map(Some),
+    };
+    Some(WatermarkSpec {
+        column: column?,
+        delay: delay?,
+        idle_timeout: idle_timeout?,
+    })
+}
+
+fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
+    let window = match a.window {
+        None => Some(None),
+        Some(w) => {
+            let column = c.required("aggregate.window.column", w.column);
+            let kind = match (w.size.as_deref(), w.slide.as_deref(), w.gap.as_deref()) {
+                (Some(size), None, None) => positive_duration(c, "aggregate.window.size", Some(size))
+                    .map(|size| WindowKind::Tumbling { size }),
+                (Some(size), Some(slide), None) => {
+                    let size = positive_duration(c, "aggregate.window.size", Some(size));
+                    let slide = positive_duration(c, "aggregate.window.slide", Some(slide));
+                    match (size, slide) {
+                        (Some(size), Some(slide)) if slide > size => {
+                            c.push(
+                                "aggregate.window.slide",
+                                "must not be longer than the window size",
+                            );
+                            None
+                        }
+                        (Some(size), Some(slide)) => Some(WindowKind::Sliding { size, slide }),
+                        _ => None,
+                    }
+                }
+                (None, None, Some(gap)) => positive_duration(c, "aggregate.window.gap", Some(gap))
+                    .map(|gap| WindowKind::Session { gap }),
+                _ => {
+                    c.push(
+                        "aggregate.window",
+                        "give size (tumbling), size and slide (sliding), or gap (session)",
+                    );
+                    None
+                }
+            };
+            Some(Some(WindowSpec {
+                column: column?,
+                kind: kind?,
+            }))
+        }
+    };
+    let group_by = a.group_by.unwrap_or_default();
+    let select = non_empty_names(c, "aggregate.select", a.select);
+    Some(AggregateSpec {
+        window: window?,
+        group_by,
+        select: select?,
+    })
+}
+
+fn deduplicate(d: RawDeduplicate, c: &mut Collector) -> Option<DeduplicateSpec> {
+    let keys = non_empty_names(c, "deduplicate.keys", d.keys);
+    Some(DeduplicateSpec {
+        keys: keys?,
+        within_watermark: d.within_watermark.unwrap_or(false),
+    })
+}
+
+/// An optional table: `None` when absent, `Some(None)` when it had problems (already
+/// reported); this keeps the second case from passing as "absent".
+fn present<T>(table: Option<Option<T>>) -> Result<Option<T>, ()> {
+    match table {
+        None => Ok(None),
+        Some(Some(t)) => Ok(Some(t)),
+        Some(None) => Err(()),
+    }
 }
 
 fn trigger(c: &mut Collector, text: Option<&str>) -> Option<Trigger> {

@@ -1,0 +1,91 @@
+//! The contract between the query loop and stateful operators (windowed
+//! aggregation, deduplication): the loop owns time — it hands every batch its
+//! two watermarks and decides when a batch runs without data — while each
+//! operator owns its state stores and what it emits.
+
+use arrow_array::RecordBatch;
+use arrow_schema::{ArrowError, SchemaRef};
+use serde::Serialize;
+
+use crate::state::StateError;
+
+/// What a stateful operator is told about the batch it runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatefulContext {
+    pub batch_id: u64,
+    /// wm(b−1) in ms: rows older than this are dropped as late (Spark ≥ 3.4).
+    pub late_ms: i64,
+    /// wm(b) in ms: what state this watermark passes is emitted and evicted.
+    pub watermark_ms: i64,
+}
+
+/// Spark's `stateOperators[]` entry of a progress record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorMetrics {
+    pub operator_name: String,
+    pub num_rows_total: u64,
+    pub num_rows_updated: u64,
+    pub num_rows_removed: u64,
+    pub memory_used_bytes: u64,
+    /// Dropped late INPUT rows (Spark counts partial aggregates here).
+    pub num_rows_dropped_by_watermark: u64,
+    pub commit_time_ms: u64,
+    pub num_state_store_instances: u64,
+}
+
+/// A stateful operator failed a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("operator {operator}: {source}")]
+    State {
+        operator: String,
+        source: StateError,
+    },
+    #[error("operator {operator}: {source}")]
+    Arrow {
+        operator: String,
+        source: ArrowError,
+    },
+    #[error("operator {operator}: {message}")]
+    Invalid { operator: String, message: String },
+}
+
+/// A stateful operator between the stateless transforms and the sink.
+pub trait StatefulOperator: Send {
+    /// The name in errors, logs and progress (e.g. `stateStoreSave`, `dedupe`).
+    fn name(&self) -> &str;
+
+    /// The schema of the rows [`Self::process`] returns.
+    fn output_schema(&self) -> &SchemaRef;
+
+    /// Restores the state committed by batch `version` (`None`: empty).
+    ///
+    /// # Errors
+    /// When the state cannot be read.
+    fn load(&mut self, version: Option<u64>) -> Result<(), StateError>;
+
+    /// Runs one micro-batch (with no input rows for a no-data batch) and
+    /// returns the rows for the sink.
+    ///
+    /// # Errors
+    /// When the state cannot be read or written, or the input is not what
+    /// the operator was configured for.
+    fn process(
+        &mut self,
+        ctx: &StatefulContext,
+        input: &[RecordBatch],
+    ) -> Result<Vec<RecordBatch>, OperatorError>;
+
+    /// Whether a batch at this watermark would emit or evict anything.
+    ///
+    /// # Errors
+    /// When the state cannot be read.
+    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError>;
+
+    /// Commits the state as version `batch_id`, after the sink wrote the batch.
+    ///
+    /// # Errors
+    /// When the state cannot be made durable.
+    fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError>;
+}

@@ -1,0 +1,218 @@
+use super::*;
+
+fn both() -> [StoreKind; 2] {
+    [StoreKind::Memory, StoreKind::RocksDb]
+}
+
+fn options(kind: StoreKind) -> StateOptions {
+    StateOptions {
+        kind,
+        snapshot_interval: 3,
+        min_versions_to_retain: 4,
+    }
+}
+
+fn all(store: &StateStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    store
+        .scan(b"", None, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(true)
+        })
+        .unwrap();
+    out
+}
+
+fn kv(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+#[test]
+fn uncommitted_writes_are_visible_and_rolled_back_by_load() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        store.put(b"a", b"1").unwrap();
+        store.put(b"c", b"3").unwrap();
+        store.commit(0).unwrap();
+        store.load(Some(0)).unwrap();
+        store.put(b"b", b"2").unwrap();
+        store.delete(b"a").unwrap();
+        store.put(b"c", b"33").unwrap();
+        assert_eq!(store.get(b"a").unwrap(), None, "{kind}");
+        assert!(store.contains(b"b").unwrap());
+        assert_eq!(all(&store), kv(&[("b", "2"), ("c", "33")]), "{kind}");
+        assert_eq!(store.metrics().num_rows_total, 2);
+        // A failed batch: reload the committed version.
+        store.load(Some(0)).unwrap();
+        assert_eq!(all(&store), kv(&[("a", "1"), ("c", "3")]), "{kind}");
+        assert_eq!(store.metrics().num_rows_total, 2);
+    }
+}
+
+#[test]
+fn scan_merges_pending_and_committed_in_key_order_within_bounds() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        for k in ["b", "d", "f", "h"] {
+            store.put(k.as_bytes(), b"old").unwrap();
+        }
+        store.commit(0).unwrap();
+        store.put(b"a", b"new").unwrap();
+        store.put(b"d", b"new").unwrap();
+        store.delete(b"f").unwrap();
+        store.put(b"g", b"new").unwrap();
+        let mut seen = Vec::new();
+        store
+            .scan(b"b", Some(b"h"), &mut |k, v| {
+                seen.push(format!(
+                    "{}={}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(v)
+                ));
+                Ok(true)
+            })
+            .unwrap();
+        assert_eq!(seen, ["b=old", "d=new", "g=new"], "{kind}");
+        // Early stop.
+        let mut first = Vec::new();
+        store
+            .scan(b"", None, &mut |k, _| {
+                first.push(k.to_vec());
+                Ok(first.len() < 2)
+            })
+            .unwrap();
+        assert_eq!(first, [b"a".to_vec(), b"b".to_vec()], "{kind}");
+    }
+}
+
+#[test]
+fn reopened_store_recovers_every_retained_version() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+            store.load(None).unwrap();
+            for v in 0..10u64 {
+                store.put(format!("k{v}").as_bytes(), &v.to_le_bytes()).unwrap();
+                if v >= 2 {
+                    store.delete(format!("k{}", v - 2).as_bytes()).unwrap();
+                }
+                store.commit(v).unwrap();
+            }
+        }
+        // Newest first: loading a version drops the versions after it.
+        for v in (5..10u64).rev() {
+            let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+            store.load(Some(v)).unwrap();
+            let keys: Vec<Vec<u8>> = all(&store).into_iter().map(|(k, _)| k).collect();
+            let expected: Vec<Vec<u8>> = [v - 1, v]
+                .iter()
+                .map(|i| format!("k{i}").into_bytes())
+                .collect();
+            assert_eq!(keys, expected, "{kind} version {v}");
+            assert_eq!(store.metrics().num_rows_total, 2);
+        }
+    }
+}
+
+#[test]
+fn snapshots_bound_the_files_kept_and_the_changelogs_replayed() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        for v in 0..60u64 {
+            store.put(&v.to_be_bytes(), b"x").unwrap();
+            store.commit(v).unwrap();
+        }
+        let (snapshots, changelogs) = store.loadable_versions();
+        assert!(snapshots.len() <= 3, "{kind}: snapshots {snapshots:?}");
+        assert!(changelogs.len() <= 8, "{kind}: changelogs {changelogs:?}");
+        // Everything after the oldest snapshot can be loaded.
+        let oldest = snapshots[0];
+        assert!(oldest <= 59 - 4, "{kind}: {snapshots:?}");
+        drop(store);
+        let mut reopened = StateStore::open(dir.path(), &options(kind)).unwrap();
+        reopened.load(Some(59)).unwrap();
+        assert_eq!(reopened.metrics().num_rows_total, 60);
+        assert_eq!(all(&reopened).len(), 60);
+    }
+}
+
+#[test]
+fn loading_an_older_version_removes_the_abandoned_newer_ones() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        for v in 0..5u64 {
+            store.put(b"n", &v.to_le_bytes()).unwrap();
+            store.commit(v).unwrap();
+        }
+        // Batch 4's query commit never happened: batch 4 re-runs from version 3.
+        drop(store);
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(Some(3)).unwrap();
+        assert_eq!(store.get(b"n").unwrap(), Some(3u64.to_le_bytes().to_vec()));
+        assert!(!dir.path().join(files::changelog_name(4)).exists());
+        store.put(b"n", b"again").unwrap();
+        store.commit(4).unwrap();
+        drop(store);
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(Some(4)).unwrap();
+        assert_eq!(store.get(b"n").unwrap(), Some(b"again".to_vec()));
+    }
+}
+
+#[test]
+fn a_damaged_changelog_is_reported_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = StateStore::open(dir.path(), &options(StoreKind::Memory)).unwrap();
+    store.load(None).unwrap();
+    store.put(b"a", b"1").unwrap();
+    store.commit(0).unwrap();
+    store.put(b"b", b"2").unwrap();
+    store.commit(1).unwrap();
+    let file = dir.path().join(files::changelog_name(1));
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 5]).unwrap();
+    let mut store = StateStore::open(dir.path(), &options(StoreKind::Memory)).unwrap();
+    let err = store.load(Some(1)).unwrap_err();
+    assert!(
+        matches!(&err, StateError::Corrupt { file: f, .. } if f == &file),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1.changelog"), "{err}");
+}
+
+#[test]
+fn a_missing_version_is_an_error_that_names_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = StateStore::open(dir.path(), &options(StoreKind::RocksDb)).unwrap();
+    let err = store.load(Some(7)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("version 7 cannot be loaded"), "{text}");
+    assert!(text.contains(&dir.path().display().to_string()), "{text}");
+}
+
+#[test]
+fn a_snapshot_of_another_store_kind_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = StateStore::open(dir.path(), &options(StoreKind::Memory)).unwrap();
+    store.load(None).unwrap();
+    for v in 0..4 {
+        store.put(b"k", b"v").unwrap();
+        store.commit(v).unwrap();
+    }
+    drop(store);
+    let mut other = StateStore::open(dir.path(), &options(StoreKind::RocksDb)).unwrap();
+    let err = other.load(Some(3)).unwrap_err();
+    assert!(matches!(err, StateError::WrongKind { .. }), "{err}");
+}

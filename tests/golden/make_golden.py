@@ -1,0 +1,445 @@
+#!/usr/bin/env python3
+"""Regenerates Weir's golden files from real Apache Spark (Structured Streaming).
+
+Run it with a Python that has pyspark 4.0 and numpy (see README.md in this folder):
+
+    ~/.cache/weir/spark-venv/bin/python tests/golden/make_golden.py
+
+What it does, in this order:
+
+1. Generates the input with the bookshop-orders generator (``gen_orders.py`` of the shared bench
+   folder, seeded, so the bytes are always the same) into ``input/`` beside this script, and the
+   generator's manifest into ``input.manifest.json``. ``--reuse-input`` keeps the committed input.
+2. Copies ``input/`` to a scratch folder and sets the modification time of the i-th file (in name
+   order) to ``MTIME_BASE + i``: git keeps no mtimes, and Spark's file source reads oldest first, so
+   the Rust test does exactly the same before it runs Weir.
+3. Runs every case on Spark (``local[2]``, 2 shuffle partitions, UTC, ``maxFilesPerTrigger=1``,
+   ``trigger(availableNow=True)``, PERMISSIVE JSON with an explicit schema), capturing each
+   micro-batch's output through ``foreachBatch`` and each batch's watermark from the progress.
+4. Writes, per case, into ``<case>/``:
+
+   * ``pipeline.toml``: the same query for Weir (paths are overridden by the Rust test);
+   * ``expected.csv``: the result. Append: every row emitted. Update: the last row emitted per key
+     (what an upserting sink would hold). Complete: the last batch's full result;
+   * ``batches.csv``: ``batch_id`` + the rows each micro-batch emitted (complete mode: the full
+     result of each batch);
+   * ``progress.csv``: per batch, the input rows and the watermark (``eventTime.watermark``).
+
+   Rows are sorted as text. Timestamps are ISO-8601 UTC, ``YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z`` (no
+   fraction when it is zero, else milliseconds, or microseconds if the value has any); decimals in
+   plain form with their scale (``123.40``); null is an empty field.
+5. Checks the documented refusals (e.g. a distinct aggregation on a stream) still happen, and writes
+   ``spark.json`` (versions and settings used).
+
+Nothing is installed by this script.
+"""
+import argparse
+import datetime as dt
+import decimal
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_GEN = os.path.join(os.path.dirname(REPO), "shared", "bench", "gen_orders.py")
+
+# The generator's own base; the Rust test uses the same (tests/tests/golden.rs).
+MTIME_BASE = 1_700_000_000
+
+SCHEMA_DDL = ("order_id BIGINT, customer_id BIGINT, status STRING, amount DECIMAL(12,2), "
+              "occurred_at TIMESTAMP, session_id STRING")
+
+# The input: 6,000 lines in 12 files of 5 minutes of arrival each (one hour of event time), so a
+# 10-minute watermark closes several 5-minute windows; 2,000 customers so that session windows
+# per customer hold one to a few orders; more malformed and too-late lines than the defaults.
+GEN_ARGS = [
+    "--rows", "6000", "--files", "12", "--seed", "20240301", "--slot-seconds", "300",
+    "--customers", "2000", "--malformed-frac", "0.01", "--too-late-frac", "0.02",
+]
+
+WATERMARK = "10 minutes"
+ORDER_COLUMNS = ["order_id", "customer_id", "status", "amount", "occurred_at", "session_id"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases. Each: Spark query builder, output mode, output columns, key columns (update mode),
+# and the Weir sections that express the same query.
+# ---------------------------------------------------------------------------------------------
+
+def cases(F):
+    """name -> case dict. `F` is pyspark.sql.functions."""
+
+    def windowed(df, window_expr, group, aggs):
+        """aggs: [(name, column)]; output: window_start, window_end, *group, *names."""
+        return (df.withWatermark("occurred_at", WATERMARK)
+                .groupBy(window_expr.alias("window"), *group)
+                .agg(*[c.alias(n) for n, c in aggs])
+                .select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+                        *group, *[n for n, _ in aggs]))
+
+    revenue_aggs = lambda: [("revenue", F.sum("amount")), ("orders", F.count(F.lit(1)))]  # noqa: E731
+    revenue_cols = ["window_start", "window_end", "status", "revenue", "orders"]
+    revenue_select = '["sum(amount) AS revenue", "count(*) AS orders"]'
+    tumbling = '{ column = "occurred_at", size = "5 minutes" }'
+
+    def revenue(df):
+        return windowed(df, F.window("occurred_at", "5 minutes"), ["status"], revenue_aggs())
+
+    def sliding(df):
+        return windowed(df, F.window("occurred_at", "10 minutes", "5 minutes"), ["status"], revenue_aggs())
+
+    def session(df):
+        aggs = [("orders", F.count(F.lit(1))), ("revenue", F.sum("amount"))]
+        return windowed(df, F.session_window("occurred_at", "5 minutes"), ["customer_id"], aggs)
+
+    def dedup(df):
+        return df.withWatermark("occurred_at", WATERMARK).dropDuplicates(["order_id"])
+
+    def dedup_within(df):
+        return df.withWatermark("occurred_at", WATERMARK).dropDuplicatesWithinWatermark(["order_id"])
+
+    status_aggs = lambda: [  # noqa: E731
+        F.count(F.lit(1)).alias("orders"), F.count("amount").alias("priced"),
+        F.sum("amount").alias("revenue"), F.avg("amount").alias("avg_amount"),
+        F.min("amount").alias("min_amount"), F.max("amount").alias("max_amount"),
+    ]
+    status_cols = ["status", "orders", "priced", "revenue", "avg_amount", "min_amount", "max_amount"]
+    status_select = ('["count(*) AS orders", "count(amount) AS priced", "sum(amount) AS revenue", '
+                     '"avg(amount) AS avg_amount", "min(amount) AS min_amount", "max(amount) AS max_amount"]')
+
+    def by_status(df):
+        return df.groupBy("status").agg(*status_aggs())
+
+    wm_toml = f'[watermark]\ncolumn = "occurred_at"\ndelay = "{WATERMARK}"\n'
+    return {
+        "revenue_append": dict(
+            query=revenue, mode="append", columns=revenue_cols, keys=None, watermark=True,
+            state_store="rocksdb",
+            about="withWatermark(occurred_at, 10 min) -> groupBy(window(occurred_at, 5 min), status) "
+                  "-> sum(amount) AS revenue, count(*) AS orders; append",
+            weir=wm_toml + f'\n[aggregate]\nwindow = {tumbling}\ngroup_by = ["status"]\nselect = {revenue_select}\n'),
+        "revenue_update": dict(
+            query=revenue, mode="update", columns=revenue_cols,
+            keys=["window_start", "window_end", "status"], watermark=True, state_store="memory",
+            about="as revenue_append, in update mode",
+            weir=wm_toml + f'\n[aggregate]\nwindow = {tumbling}\ngroup_by = ["status"]\nselect = {revenue_select}\n'),
+        "revenue_complete": dict(
+            query=revenue, mode="complete", columns=revenue_cols, keys=None, watermark=True,
+            state_store="memory",
+            about="as revenue_append, in complete mode (nothing is late, nothing evicted)",
+            weir=wm_toml + f'\n[aggregate]\nwindow = {tumbling}\ngroup_by = ["status"]\nselect = {revenue_select}\n'),
+        "sliding": dict(
+            query=sliding, mode="append", columns=revenue_cols, keys=None, watermark=True,
+            state_store="memory",
+            about="withWatermark -> groupBy(window(occurred_at, 10 min, 5 min), status) -> sum, count; append",
+            weir=wm_toml + '\n[aggregate]\nwindow = { column = "occurred_at", size = "10 minutes", '
+                           f'slide = "5 minutes" }}\ngroup_by = ["status"]\nselect = {revenue_select}\n'),
+        "session": dict(
+            query=session, mode="append",
+            columns=["window_start", "window_end", "customer_id", "orders", "revenue"], keys=None,
+            watermark=True, state_store="memory",
+            about="withWatermark -> groupBy(session_window(occurred_at, 5 min), customer_id) "
+                  "-> count(*) AS orders, sum(amount) AS revenue; append",
+            weir=wm_toml + '\n[aggregate]\nwindow = { column = "occurred_at", gap = "5 minutes" }\n'
+                           'group_by = ["customer_id"]\nselect = ["count(*) AS orders", "sum(amount) AS revenue"]\n'),
+        "dedup": dict(
+            query=dedup, mode="append", columns=ORDER_COLUMNS, keys=None, watermark=True,
+            state_store="rocksdb",
+            about="withWatermark -> dropDuplicates([order_id]); append",
+            weir=wm_toml + '\n[deduplicate]\nkeys = ["order_id"]\nwithin_watermark = false\n'),
+        "dedup_within_watermark": dict(
+            query=dedup_within, mode="append", columns=ORDER_COLUMNS, keys=None, watermark=True,
+            state_store="memory",
+            about="withWatermark -> dropDuplicatesWithinWatermark([order_id]); append",
+            weir=wm_toml + '\n[deduplicate]\nkeys = ["order_id"]\nwithin_watermark = true\n'),
+        "status_complete": dict(
+            query=by_status, mode="complete", columns=status_cols, keys=None, watermark=False,
+            state_store="memory",
+            about="groupBy(status) -> count(*), count(amount), sum, avg, min, max of amount; "
+                  "no watermark, complete",
+            weir=f'[aggregate]\ngroup_by = ["status"]\nselect = {status_select}\n'),
+        "status_update": dict(
+            query=by_status, mode="update", columns=status_cols, keys=["status"], watermark=False,
+            state_store="memory",
+            about="as status_complete, in update mode",
+            weir=f'[aggregate]\ngroup_by = ["status"]\nselect = {status_select}\n'),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting: one canonical text form per value, shared with the Rust test.
+# ---------------------------------------------------------------------------------------------
+
+EPOCH = dt.datetime(1970, 1, 1)
+
+
+def fmt_micros(us):
+    """Epoch microseconds -> 'YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z': no fraction when it is zero, else
+    milliseconds, or microseconds when the value has any."""
+    t = EPOCH + dt.timedelta(microseconds=us)
+    text = t.strftime("%Y-%m-%dT%H:%M:%S")
+    if t.microsecond % 1000:
+        text += f".{t.microsecond:06d}"
+    elif t.microsecond:
+        text += f".{t.microsecond // 1000:03d}"
+    return text + "Z"
+
+
+def fmt_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, decimal.Decimal):
+        return format(v, "f")
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, str)):
+        s = str(v)
+        if any(c in s for c in ',"\n\r'):
+            return '"' + s.replace('"', '""') + '"'
+        return s
+    raise TypeError(f"unexpected value {v!r} ({type(v).__name__})")
+
+
+def write_csv(path, header, lines):
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(",".join(header) + "\n")
+        for line in lines:
+            fh.write(line + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gen-orders", default=DEFAULT_GEN, help=f"path of gen_orders.py (default {DEFAULT_GEN})")
+    p.add_argument("--reuse-input", action="store_true", help="keep the committed input/ instead of regenerating it")
+    p.add_argument("--cases", default=None, help="comma-separated subset of the cases (default: all)")
+    p.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder, removed at the end)")
+    return p.parse_args(argv)
+
+
+def generate_input(gen, input_dir):
+    if not os.path.isfile(gen):
+        sys.exit(f"gen_orders.py not found at {gen}: pass --gen-orders")
+    scratch = tempfile.mkdtemp(prefix="weir-golden-gen-")
+    try:
+        out = os.path.join(scratch, "orders")
+        subprocess.run([sys.executable, gen, *GEN_ARGS, "--out", out,
+                        "--customers-out", os.path.join(scratch, "customers.json")],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(out + ".manifest.json") as fh:
+            manifest = json.load(fh)
+        manifest.pop("seconds", None)  # wall time: would make the file differ on every run
+        if os.path.exists(input_dir):
+            shutil.rmtree(input_dir)
+        shutil.copytree(out, input_dir)
+        with open(os.path.join(HERE, "input.manifest.json"), "w", encoding="utf-8", newline="\n") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.write("\n")
+    finally:
+        shutil.rmtree(scratch)
+
+
+def stage_input(input_dir, dest):
+    """Copies the input files and sets mtime = MTIME_BASE + index in name order (as the Rust test)."""
+    os.makedirs(dest)
+    names = sorted(n for n in os.listdir(input_dir) if n.endswith(".json"))
+    for i, name in enumerate(names):
+        target = os.path.join(dest, name)
+        shutil.copyfile(os.path.join(input_dir, name), target)
+        os.utime(target, (MTIME_BASE + i, MTIME_BASE + i))
+    return names
+
+
+def build_session():
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("weir-golden")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+             .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+             .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stream(spark, data_dir):
+    return (spark.readStream.schema(SCHEMA_DDL).option("mode", "PERMISSIVE")
+            .option("maxFilesPerTrigger", 1).json(data_dir))
+
+
+def text_rows(F, T, df, columns):
+    """Collects `df` as rows of canonical CSV fields (columns in `columns` order)."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    exprs = []
+    for c in columns:
+        if c not in types:
+            raise KeyError(f"column {c} not in {list(types)}")
+        if isinstance(types[c], T.TimestampType):
+            exprs.append(F.unix_micros(F.col(c)).alias(c))
+        else:
+            exprs.append(F.col(c))
+    ts_cols = {c for c in columns if isinstance(types[c], T.TimestampType)}
+    rows = []
+    for r in df.select(*exprs).collect():
+        rows.append(tuple("" if r[c] is None else fmt_micros(r[c]) if c in ts_cols else fmt_value(r[c])
+                          for c in columns))
+    return rows
+
+
+def run_case(spark, F, T, name, case, data_dir, work):
+    emitted = {}  # batch id -> list of rows (tuples of canonical fields)
+
+    def capture(batch_df, batch_id):
+        emitted[batch_id] = text_rows(F, T, batch_df, case["columns"])
+
+    df = case["query"](stream(spark, data_dir))
+    q = (df.writeStream.foreachBatch(capture).outputMode(case["mode"])
+         .option("checkpointLocation", os.path.join(work, name, "checkpoint"))
+         .trigger(availableNow=True).queryName(f"golden_{name}").start())
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise RuntimeError(f"{name}: {q.exception()}")
+    progress = [json.loads(p.json) if hasattr(p, "json") else p for p in q.recentProgress]
+    return emitted, progress
+
+
+def write_case(name, case, emitted, progress, spark_info):
+    out = os.path.join(HERE, name)
+    os.makedirs(out, exist_ok=True)
+    cols = case["columns"]
+    batch_ids = sorted(emitted)
+    lines = {b: sorted(",".join(row) for row in emitted[b]) for b in batch_ids}
+    if case["mode"] == "append":
+        result = sorted(line for b in batch_ids for line in lines[b])
+    elif case["mode"] == "complete":
+        result = lines[batch_ids[-1]] if batch_ids else []
+    else:  # update: the last row emitted per key
+        idx = [cols.index(k) for k in case["keys"]]
+        latest = {}
+        for b in batch_ids:
+            for row in emitted[b]:
+                latest[tuple(row[i] for i in idx)] = ",".join(row)
+        result = sorted(latest.values())
+    write_csv(os.path.join(out, "expected.csv"), cols, result)
+    write_csv(os.path.join(out, "batches.csv"), ["batch_id", *cols],
+              [f"{b},{line}" for b in batch_ids for line in lines[b]])
+    prog = []
+    for p in progress:
+        wm = (p.get("eventTime") or {}).get("watermark")
+        if wm is not None:
+            # "2024-03-01T00:00:59.775Z" -> canonical form
+            t = dt.datetime.strptime(wm, "%Y-%m-%dT%H:%M:%S.%fZ")
+            wm = fmt_micros((t - EPOCH) // dt.timedelta(microseconds=1))
+        prog.append(f"{p['batchId']},{p['numInputRows']},{wm or ''}")
+    write_csv(os.path.join(out, "progress.csv"), ["batch_id", "input_rows", "watermark"], prog)
+    with open(os.path.join(out, "pipeline.toml"), "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(pipeline_toml(name, case, spark_info))
+    return len(result), sum(len(v) for v in emitted.values()), len(progress)
+
+
+def pipeline_toml(name, case, spark_info):
+    return f"""# Golden case `{name}`, generated by tests/golden/make_golden.py: edit the script, not this file.
+# Spark {spark_info}: {case["about"]}.
+# The paths below are relative to this file; tests/tests/golden.rs overrides them with --set.
+[query]
+name = "golden_{name}"
+checkpoint = "../work/{name}/checkpoint"
+trigger = "available-now"
+output_mode = "{case["mode"]}"
+state_store = "{case["state_store"]}"
+state_partitions = 2
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "../input"
+format = "json"
+schema = "{SCHEMA_DDL}"
+max_files_per_trigger = 1
+on_malformed = "permissive"
+
+{case["weir"]}
+[sink]
+kind = "files"
+path = "../work/{name}/out"
+format = "csv"
+"""
+
+
+def check_refusals(spark, F, data_dir, work):
+    """Queries Spark refuses on a stream; the golden tests have no case for them."""
+    found = {}
+    try:
+        q = (stream(spark, data_dir).groupBy("status").agg(F.countDistinct("customer_id").alias("customers"))
+             .writeStream.foreachBatch(lambda d, b: None).outputMode("complete")
+             .option("checkpointLocation", os.path.join(work, "refused_distinct"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        found["count_distinct"] = "accepted"
+    except Exception as e:  # AnalysisException
+        found["count_distinct"] = str(e).splitlines()[0][:300]
+    return found
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    os.environ["TZ"] = "UTC"
+    input_dir = os.path.join(HERE, "input")
+    if not a.reuse_input:
+        generate_input(a.gen_orders, input_dir)
+
+    import pyspark
+    from pyspark.sql import functions as F, types as T
+
+    work = a.work or tempfile.mkdtemp(prefix="weir-golden-")
+    try:
+        data_dir = os.path.join(work, "input")
+        if os.path.exists(data_dir):
+            shutil.rmtree(data_dir)
+        names = stage_input(input_dir, data_dir)
+        spark = build_session()
+        java = spark.sparkContext._jvm.java.lang.System.getProperty("java.version")
+        spark_info = f"{pyspark.__version__} (Java {java})"
+        all_cases = cases(F)
+        chosen = a.cases.split(",") if a.cases else list(all_cases)
+        summary = {}
+        for name in chosen:
+            case = all_cases[name]
+            emitted, progress = run_case(spark, F, T, name, case, data_dir, work)
+            rows, emitted_rows, batches = write_case(name, case, emitted, progress, spark_info)
+            summary[name] = {"mode": case["mode"], "expected_rows": rows, "emitted_rows": emitted_rows,
+                             "batches": batches}
+            print(f"{name}: {case['mode']}, {batches} batches, {emitted_rows} rows emitted, "
+                  f"{rows} expected rows", flush=True)
+        refusals = check_refusals(spark, F, data_dir, work)
+        print(f"refused by Spark: {refusals}", flush=True)
+        spark.stop()
+        info = {
+            "pyspark": pyspark.__version__, "java": java, "python": platform.python_version(),
+            "master": "local[2]", "spark.sql.shuffle.partitions": 2, "spark.sql.session.timeZone": "UTC",
+            "maxFilesPerTrigger": 1, "trigger": "availableNow", "schema": SCHEMA_DDL, "mode": "PERMISSIVE",
+            "gen_orders_args": GEN_ARGS, "input_files": names, "mtime_base": MTIME_BASE,
+            "refused_by_spark": refusals,
+        }
+        if not a.cases:
+            info["cases"] = summary
+            with open(os.path.join(HERE, "spark.json"), "w", encoding="utf-8", newline="\n") as fh:
+                json.dump(info, fh, indent=1)
+                fh.write("\n")
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

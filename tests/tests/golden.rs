@@ -1,0 +1,615 @@
+//! Golden tests: Weir must give the same answers as Apache Spark.
+//!
+//! `tests/golden/` holds a small seeded "bookshop orders" input (12 files of 500 lines, with late,
+//! too-late, duplicate and malformed lines) and, per case, what Spark 4 Structured Streaming
+//! produced from it (`make_golden.py` regenerates them; see `tests/golden/README.md`):
+//! `expected.csv` (the result), `batches.csv` (which micro-batch emitted which row),
+//! `progress.csv` (each batch's input rows and watermark) and `pipeline.toml`, the same query for
+//! Weir. No Java or Python is needed here.
+//!
+//! Each case is run three ways, and each must match Spark exactly, batch by batch:
+//! 1. uninterrupted, `trigger = "available-now"`, one file per batch;
+//! 2. stopped and restarted mid-stream: the files arrive one by one for the first batches, each
+//!    run with `trigger = "once"`, then the rest with `available-now` (the same batch cut as 1.);
+//! 3. killed with SIGKILL (`--failpoint`) after writing the offsets of one batch, before the
+//!    commit of a later one, and before the commit of the last one, restarted each time.
+//!
+//! git keeps no modification times, and the files source (like Spark's) reads the oldest file
+//! first: the input is copied to a scratch folder and file `i` (in name order) gets the mtime
+//! `MTIME_BASE + i`, exactly as `make_golden.py` did for Spark.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail, ensure};
+use weir_tests::{log_ids, run_ok, weir};
+
+const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
+
+/// The mtime base of `gen_orders.py` and `make_golden.py`.
+const MTIME_BASE: u64 = 1_700_000_000;
+
+/// Batches run one file at a time with `trigger = "once"` before the restart with available-now.
+const ONCE_RUNS: usize = 3;
+
+fn cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
+}
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("golden")
+}
+
+/// Spark's output modes, as the golden files capture them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every row is emitted once; the result is all rows.
+    Append,
+    /// Each batch emits the rows it changed; the result is the last row per key (the first
+    /// `keys` columns).
+    Update { keys: usize },
+    /// Each batch emits the whole result; the result is the last batch's.
+    Complete,
+}
+
+#[test]
+fn revenue_append() -> Result<()> {
+    golden_case("revenue_append", Mode::Append)
+}
+
+#[test]
+fn revenue_update() -> Result<()> {
+    golden_case("revenue_update", Mode::Update { keys: 3 })
+}
+
+#[test]
+fn revenue_complete() -> Result<()> {
+    golden_case("revenue_complete", Mode::Complete)
+}
+
+#[test]
+fn sliding() -> Result<()> {
+    golden_case("sliding", Mode::Append)
+}
+
+#[test]
+fn session() -> Result<()> {
+    golden_case("session", Mode::Append)
+}
+
+#[test]
+fn dedup() -> Result<()> {
+    golden_case("dedup", Mode::Append)
+}
+
+#[test]
+fn dedup_within_watermark() -> Result<()> {
+    golden_case("dedup_within_watermark", Mode::Append)
+}
+
+#[test]
+fn status_complete() -> Result<()> {
+    golden_case("status_complete", Mode::Complete)
+}
+
+#[test]
+fn status_update() -> Result<()> {
+    golden_case("status_update", Mode::Update { keys: 1 })
+}
+
+/// What Spark produced for one case.
+struct Golden {
+    name: &'static str,
+    mode: Mode,
+    pipeline: PathBuf,
+    /// The result's header and rows (canonical text, sorted).
+    header: Vec<String>,
+    expected: Vec<String>,
+    /// Rows emitted per batch id (sorted), batches without rows absent.
+    batches: BTreeMap<u64, Vec<String>>,
+    /// Per batch id: (input rows, canonical watermark or "").
+    progress: BTreeMap<u64, (u64, String)>,
+}
+
+impl Golden {
+    fn load(name: &'static str, mode: Mode) -> Result<Self> {
+        let dir = golden_dir().join(name);
+        let (header, mut expected) = read_csv(&dir.join("expected.csv"))?;
+        expected.sort();
+        let (batch_header, rows) = read_csv(&dir.join("batches.csv"))?;
+        ensure!(
+            batch_header.first().map(String::as_str) == Some("batch_id")
+                && batch_header[1..] == header[..],
+            "{name}: batches.csv header {batch_header:?} does not match expected.csv {header:?}"
+        );
+        let mut batches: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for row in rows {
+            let (id, rest) = row.split_once(',').context("batches.csv row")?;
+            batches
+                .entry(id.parse()?)
+                .or_default()
+                .push(rest.to_owned());
+        }
+        batches.values_mut().for_each(|rows| rows.sort());
+        let (_, rows) = read_csv(&dir.join("progress.csv"))?;
+        let mut progress = BTreeMap::new();
+        for row in rows {
+            let fields = split_csv_line(&row);
+            ensure!(fields.len() == 3, "progress.csv row {row:?}");
+            progress.insert(fields[0].parse()?, (fields[1].parse()?, fields[2].clone()));
+        }
+        Ok(Self {
+            name,
+            mode,
+            pipeline: dir.join("pipeline.toml"),
+            header,
+            expected,
+            batches,
+            progress,
+        })
+    }
+
+    fn last_batch(&self) -> u64 {
+        self.progress.keys().next_back().copied().unwrap_or(0)
+    }
+}
+
+/// One run of a case in its own scratch folder.
+struct Run<'a> {
+    golden: &'a Golden,
+    /// Holds `input/`, `checkpoint/`, `out/`; removed on drop.
+    dir: tempfile::TempDir,
+    /// The golden input files, in name order.
+    files: Vec<PathBuf>,
+}
+
+impl<'a> Run<'a> {
+    fn new(golden: &'a Golden) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("input"))?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir().join("input"))?
+            .map(|e| Ok(e?.path()))
+            .collect::<Result<_>>()?;
+        files.retain(|p| p.extension().is_some_and(|e| e == "json"));
+        files.sort();
+        ensure!(!files.is_empty(), "no golden input files");
+        Ok(Self { golden, dir, files })
+    }
+
+    /// Copies input files `range` in and gives file `i` the mtime `MTIME_BASE + i`.
+    fn add_files(&self, range: std::ops::Range<usize>) -> Result<()> {
+        for i in range {
+            let src = &self.files[i];
+            let dest = self
+                .dir
+                .path()
+                .join("input")
+                .join(src.file_name().context("file name")?);
+            std::fs::copy(src, &dest)?;
+            let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(MTIME_BASE + i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&dest)?
+                .set_modified(mtime)?;
+        }
+        Ok(())
+    }
+
+    fn args(&self, trigger: &str) -> Vec<String> {
+        let p = |name: &str| self.dir.path().join(name).display().to_string();
+        [
+            format!("source.orders.path={}", p("input")),
+            format!("query.checkpoint={}", p("checkpoint")),
+            format!("sink.path={}", p("out")),
+            format!("query.trigger={trigger}"),
+        ]
+        .into_iter()
+        .flat_map(|s| ["--set".to_owned(), s])
+        .collect()
+    }
+
+    fn run(&self, trigger: &str) -> Result<()> {
+        let args = self.args(trigger);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_ok(EXE, &cache(), &self.golden.pipeline, &args)?;
+        Ok(())
+    }
+
+    /// Runs with `--failpoint PHASE@BATCH` and insists that the process was killed.
+    fn crash(&self, failpoint: &str) -> Result<()> {
+        let mut args = vec!["run".to_owned(), self.golden.pipeline.display().to_string()];
+        args.extend(self.args("available-now"));
+        args.extend(["--failpoint".to_owned(), failpoint.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = weir(EXE, &cache(), &args)?;
+        ensure!(
+            out.status.signal() == Some(libc::SIGKILL),
+            "{}: --failpoint {failpoint} should have killed the process ({}); stderr:\n{}",
+            self.golden.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// Compares everything the run left with Spark's; `Err` lists every difference.
+    fn check(&self, how: &str) -> Result<()> {
+        let g = self.golden;
+        let mut report = String::new();
+        let got = self.read_output()?;
+
+        let expected_ids: Vec<u64> = g.batches.keys().copied().collect();
+        let got_ids: Vec<u64> = got.keys().copied().collect();
+        if expected_ids != got_ids {
+            let _ = writeln!(
+                report,
+                "batches with output: Spark {expected_ids:?}, Weir {got_ids:?}"
+            );
+        }
+        for id in expected_ids
+            .iter()
+            .chain(&got_ids)
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            let none = Vec::new();
+            let want = g.batches.get(id).unwrap_or(&none);
+            let have = got.get(id).unwrap_or(&none);
+            if let Some(diff) = diff_rows(want, have) {
+                let _ = writeln!(
+                    report,
+                    "batch {id} ({} rows from Spark, {} from Weir):\n{diff}",
+                    want.len(),
+                    have.len()
+                );
+            }
+        }
+
+        let result = match g.mode {
+            Mode::Append => {
+                let mut all: Vec<String> = got.values().flatten().cloned().collect();
+                all.sort();
+                all
+            }
+            Mode::Complete => got.values().next_back().cloned().unwrap_or_default(),
+            Mode::Update { keys } => {
+                let mut latest = BTreeMap::new();
+                for row in got.values().flatten() {
+                    let key: Vec<String> = split_csv_line(row).into_iter().take(keys).collect();
+                    latest.insert(key, row.clone());
+                }
+                let mut rows: Vec<String> = latest.into_values().collect();
+                rows.sort();
+                rows
+            }
+        };
+        if let Some(diff) = diff_rows(&g.expected, &result) {
+            let _ = writeln!(
+                report,
+                "result ({} rows from Spark, {} from Weir):\n{diff}",
+                g.expected.len(),
+                result.len()
+            );
+        }
+
+        let checkpoint = self.dir.path().join("checkpoint");
+        let commits = log_ids(&checkpoint.join("commits"))?;
+        let spark_batches: Vec<u64> = g.progress.keys().copied().collect();
+        if commits != spark_batches {
+            let _ = writeln!(
+                report,
+                "committed batches: Spark ran {spark_batches:?}, Weir committed {commits:?}"
+            );
+        }
+        let progress = read_progress(&checkpoint.join("progress.jsonl"))?;
+        for (id, (rows, watermark)) in &g.progress {
+            match progress.get(id) {
+                Some((r, w)) if r == rows && w == watermark => {}
+                Some((r, w)) => {
+                    let _ = writeln!(
+                        report,
+                        "batch {id} progress: Spark {rows} input rows, watermark {watermark:?}; Weir {r} rows, watermark {w:?}"
+                    );
+                }
+                None => {
+                    let _ = writeln!(report, "batch {id}: no progress record from Weir");
+                }
+            }
+        }
+
+        if report.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "golden case {} ({how}) differs from Spark:\n{report}",
+                g.name
+            )
+        }
+    }
+
+    /// The rows of every `batch-<id>.csv` the files sink wrote, as canonical text in the golden
+    /// column order, sorted per batch.
+    fn read_output(&self) -> Result<BTreeMap<u64, Vec<String>>> {
+        let mut out = BTreeMap::new();
+        let dir = self.dir.path().join("out");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("file name")?
+                .to_owned();
+            let Some(id) = name
+                .strip_prefix("batch-")
+                .and_then(|n| n.strip_suffix(".csv"))
+            else {
+                bail!("unexpected file {name} in the sink's folder");
+            };
+            let id: u64 = id.parse().with_context(|| name.clone())?;
+            let (header, rows) = read_csv(&path)?;
+            let columns: Vec<usize> = self
+                .golden
+                .header
+                .iter()
+                .map(|c| {
+                    header.iter().position(|h| h == c).with_context(|| {
+                        format!("{name}: no column {c} in Weir's header {header:?}")
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let mut rows: Vec<String> = rows
+                .iter()
+                .map(|row| {
+                    let fields = split_csv_line(row);
+                    join_csv_line(
+                        columns
+                            .iter()
+                            .map(|&i| fields.get(i).map_or("", String::as_str)),
+                    )
+                })
+                .collect();
+            rows.sort();
+            out.insert(id, rows);
+        }
+        Ok(out)
+    }
+}
+
+fn golden_case(name: &'static str, mode: Mode) -> Result<()> {
+    let golden = Golden::load(name, mode)?;
+    let n = Run::new(&golden)?.files.len();
+
+    // 1. Uninterrupted.
+    let run = Run::new(&golden)?;
+    run.add_files(0..n)?;
+    run.run("available-now")?;
+    run.check("one run, available-now")?;
+
+    // 2. Files arriving one by one, a run per file, then the rest at once.
+    let run = Run::new(&golden)?;
+    for i in 0..ONCE_RUNS {
+        run.add_files(i..i + 1)?;
+        run.run("once")?;
+    }
+    run.add_files(ONCE_RUNS..n)?;
+    run.run("available-now")?;
+    run.check("stopped after each of the first batches, restarted")?;
+
+    // 3. Killed: after the offsets of batch 3, before the commit of batch 7 (its output is written,
+    //    its state not committed), before the commit of the last batch; restarted each time.
+    let run = Run::new(&golden)?;
+    run.add_files(0..n)?;
+    for failpoint in [
+        "after-offsets@3".to_owned(),
+        "before-commit@7".to_owned(),
+        format!("before-commit@{}", golden.last_batch()),
+    ] {
+        run.crash(&failpoint)?;
+    }
+    run.run("available-now")?;
+    run.check("killed three times, restarted")?;
+    Ok(())
+}
+
+/// Per batch id, the last progress record's input rows and canonical watermark ("" if none).
+fn read_progress(path: &Path) -> Result<BTreeMap<u64, (u64, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let id = v["batchId"]
+            .as_u64()
+            .context("progress record without batchId")?;
+        let rows = v["numInputRows"].as_u64().unwrap_or(u64::MAX);
+        let watermark = v["eventTime"]["watermark"]
+            .as_str()
+            .map(canonical)
+            .unwrap_or_default();
+        out.insert(id, (rows, watermark));
+    }
+    Ok(out)
+}
+
+/// Multiset difference of two sorted row lists: `- row` only in Spark's, `+ row` only in Weir's.
+/// `None` when they are equal.
+fn diff_rows(spark: &[String], weir: &[String]) -> Option<String> {
+    const SHOWN: usize = 25;
+    if spark == weir {
+        return None;
+    }
+    let (mut missing, mut extra) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < spark.len() || j < weir.len() {
+        match (spark.get(i), weir.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a < b => {
+                missing.push(a);
+                i += 1;
+            }
+            (Some(a), None) => {
+                missing.push(a);
+                i += 1;
+            }
+            (_, Some(b)) => {
+                extra.push(b);
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    let mut text = String::new();
+    for (sign, rows) in [("- (Spark only)", &missing), ("+ (Weir only) ", &extra)] {
+        for row in rows.iter().take(SHOWN) {
+            let _ = writeln!(text, "  {sign} {row}");
+        }
+        if rows.len() > SHOWN {
+            let _ = writeln!(text, "  {sign} … {} more", rows.len() - SHOWN);
+        }
+    }
+    Some(text)
+}
+
+/// A CSV file's header and its rows, each row canonicalised (see [`canonical`]).
+fn read_csv(path: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut lines = text.lines();
+    let header = split_csv_line(
+        lines
+            .next()
+            .with_context(|| format!("{}: empty", path.display()))?,
+    );
+    let rows = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| join_csv_line(split_csv_line(l).iter().map(String::as_str)))
+        .collect();
+    Ok((header, rows))
+}
+
+/// The fields of one CSV line (RFC 4180 quoting; no line breaks inside fields in this data).
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', true) => quoted = false,
+            ('"', false) if field.is_empty() => quoted = true,
+            (',', false) => fields.push(std::mem::take(&mut field)),
+            (c, _) => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+/// Canonical fields joined into one line, quoted only where needed (as `make_golden.py` does).
+fn join_csv_line<'s>(fields: impl Iterator<Item = &'s str>) -> String {
+    let mut line = String::new();
+    for (i, field) in fields.enumerate() {
+        if i > 0 {
+            line.push(',');
+        }
+        let field = canonical(field);
+        if field.contains([',', '"', '\n', '\r']) {
+            line.push('"');
+            line.push_str(&field.replace('"', "\"\""));
+            line.push('"');
+        } else {
+            line.push_str(&field);
+        }
+    }
+    line
+}
+
+/// A field's canonical text: a UTC timestamp `YYYY-MM-DDTHH:MM:SS[.fff]Z` as `make_golden.py`
+/// writes it (no fraction when it is zero, else milliseconds, or microseconds when it has any);
+/// everything else as it is.
+fn canonical(field: &str) -> String {
+    let b = field.as_bytes();
+    let shape_ok = b.len() >= 20
+        && b.ends_with(b"Z")
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18]
+            .iter()
+            .all(|&i| b[i].is_ascii_digit());
+    if !shape_ok {
+        return field.to_owned();
+    }
+    let fraction = &field[19..field.len() - 1];
+    let micros = match fraction.strip_prefix('.') {
+        None if fraction.is_empty() => 0,
+        Some(digits)
+            if (1..=9).contains(&digits.len()) && digits.bytes().all(|d| d.is_ascii_digit()) =>
+        {
+            // Pad to nanoseconds; a sub-microsecond part is kept verbatim (never in this data).
+            let nanos: u64 = format!("{digits:0<9}").parse().unwrap_or(0);
+            if nanos % 1_000 != 0 {
+                return field.to_owned();
+            }
+            nanos / 1_000
+        }
+        _ => return field.to_owned(),
+    };
+    let base = &field[..19];
+    if micros == 0 {
+        format!("{base}Z")
+    } else if micros % 1_000 == 0 {
+        format!("{base}.{:03}Z", micros / 1_000)
+    } else {
+        format!("{base}.{micros:06}Z")
+    }
+}
+
+#[test]
+fn canonical_timestamps_match_make_golden() {
+    assert_eq!(
+        canonical("2024-03-01T00:05:00.000Z"),
+        "2024-03-01T00:05:00Z"
+    );
+    assert_eq!(canonical("2024-03-01T00:05:00Z"), "2024-03-01T00:05:00Z");
+    assert_eq!(
+        canonical("2024-03-01T00:05:00.230Z"),
+        "2024-03-01T00:05:00.230Z"
+    );
+    assert_eq!(
+        canonical("2024-03-01T00:05:00.23Z"),
+        "2024-03-01T00:05:00.230Z"
+    );
+    assert_eq!(
+        canonical("2024-03-01T00:05:00.123400Z"),
+        "2024-03-01T00:05:00.123400Z"
+    );
+    assert_eq!(
+        canonical("2024-03-01T00:05:00.000001Z"),
+        "2024-03-01T00:05:00.000001Z"
+    );
+    assert_eq!(canonical("123.40"), "123.40");
+    assert_eq!(canonical(""), "");
+    assert_eq!(
+        split_csv_line(r#"a,"b,c",,"d""e""#),
+        ["a", "b,c", "", "d\"e"]
+    );
+    assert_eq!(
+        join_csv_line(["a", "b,c", "", "d\"e"].into_iter()),
+        r#"a,"b,c",,"d""e""#
+    );
+}

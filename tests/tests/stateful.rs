@@ -1,0 +1,124 @@
+//! Stateful queries: bounded state under a watermark, and a checkpoint that
+//! refuses a query it was not written for.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use weir_host::query::{Query, QueryOptions, RunSummary};
+use weir_host::sink::MemorySink;
+use weir_tests::{SCHEMA, Workspace};
+
+fn cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
+}
+
+fn revenue(tag: &str, watermark: bool, extra_query: &str, group_by: &str) -> String {
+    let watermark = if watermark {
+        "[watermark]\ncolumn = \"occurred_at\"\ndelay = \"10 minutes\"\n"
+    } else {
+        ""
+    };
+    let mode = if watermark.is_empty() { "update" } else { "append" };
+    format!(
+        r#"
+[query]
+name = "{tag}"
+checkpoint = "checkpoints/{tag}"
+trigger = "available-now"
+output_mode = "{mode}"
+state_store = "memory"
+{extra_query}
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "{SCHEMA}, shipped_at TIMESTAMP"
+max_files_per_trigger = 1
+on_malformed = "drop"
+
+{watermark}
+[aggregate]
+window = {{ column = "occurred_at", size = "5 minutes" }}
+group_by = {group_by}
+select = ["sum(amount) AS revenue", "count(*) AS orders"]
+
+[sink]
+kind = "memory"
+"#
+    )
+}
+
+fn run(dir: &Path, text: &str) -> Result<RunSummary, String> {
+    let spec = weir_host::spec::parse(text, dir, "test.toml", &[]).map_err(|e| e.to_string())?;
+    let options = QueryOptions {
+        cache_dir: Some(cache()),
+        memory_sink: Some(MemorySink::new()),
+        ..QueryOptions::default()
+    };
+    Query::start(spec, options)
+        .and_then(|mut q| q.run())
+        .map_err(|e| e.to_string())
+}
+
+fn state_rows(checkpoint: &Path) -> Result<Vec<u64>> {
+    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)?;
+            Ok(v["stateOperators"][0]["numRowsTotal"].as_u64().unwrap_or(u64::MAX))
+        })
+        .collect()
+}
+
+#[test]
+fn state_stays_bounded_with_a_watermark_and_grows_without() -> Result<()> {
+    // 200 one-minute files: 200 batches of 20 orders each.
+    let ws = Workspace::new(200, 20)?;
+    run(ws.path(), &revenue("bounded", true, "", r#"["status"]"#)).map_err(anyhow::Error::msg)?;
+    let bounded = state_rows(&ws.path().join("checkpoints/bounded"))?;
+    assert_eq!(bounded.len(), 201, "200 data batches and the trailing no-data batch");
+    // 12 distinct status spellings (4 statuses × 3 spellings) × the windows a
+    // 10-minute watermark keeps open: two 5-minute windows of delay, the
+    // current one and one awaiting emission.
+    let ceiling = 12 * 4;
+    assert!(bounded.iter().all(|&n| n <= ceiling), "state rows per batch: {bounded:?}");
+
+    run(ws.path(), &revenue("unbounded", false, "", r#"["status"]"#)).map_err(anyhow::Error::msg)?;
+    let unbounded = state_rows(&ws.path().join("checkpoints/unbounded"))?;
+    assert_eq!(unbounded.len(), 200, "no watermark, no no-data batch");
+    assert!(unbounded.windows(2).all(|w| w[0] <= w[1]), "never shrinks: {unbounded:?}");
+    assert!(*unbounded.last().unwrap_or(&0) >= 4 * 40 - 4, "one row per (window, status): {unbounded:?}");
+    assert!(*unbounded.last().unwrap_or(&0) > 5 * ceiling, "grows past any ceiling: {unbounded:?}");
+    Ok(())
+}
+
+#[test]
+fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
+    let ws = Workspace::new(3, 50)?;
+    let base = revenue("q", true, "", r#"["status"]"#);
+    run(ws.path(), &base).map_err(anyhow::Error::msg)?;
+    let refused = [
+        (revenue("q", true, "", r#"["status", "customer_id"]"#), "customer_id"),
+        (base.replace("column = \"occurred_at\"\ndelay", "column = \"shipped_at\"\ndelay").replace(
+            "window = { column = \"occurred_at\"",
+            "window = { column = \"shipped_at\"",
+        ), "the watermark column"),
+        (base.replace("state_store = \"memory\"", "state_store = \"rocksdb\""), "the state store"),
+        (base.replace("name = \"orders\"", "name = \"purchases\""), "the sources"),
+        (revenue("q", true, "state_partitions = 4", r#"["status"]"#), "the number of state partitions"),
+    ];
+    for (text, what) in refused {
+        let err = run(ws.path(), &text).expect_err(what);
+        assert!(err.contains("cannot be resumed"), "{what}: {err}");
+        assert!(err.contains(what), "{what}: {err}");
+        assert!(err.contains("Start a new checkpoint"), "{err}");
+    }
+    // Safe changes are accepted: a trigger, a rate limit.
+    let safe = base
+        .replace("trigger = \"available-now\"", "trigger = \"once\"")
+        .replace("max_files_per_trigger = 1", "max_files_per_trigger = 5");
+    run(ws.path(), &safe).map_err(anyhow::Error::msg)?;
+    Ok(())
+}
