@@ -115,10 +115,20 @@ fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
         assert!(err.contains(what), "{what}: {err}");
         assert!(err.contains("Start a new checkpoint"), "{err}");
     }
-    // Safe changes are accepted: a trigger, a rate limit.
-    let safe = base
-        .replace("trigger = \"available-now\"", "trigger = \"once\"")
-        .replace("max_files_per_trigger = 1", "max_files_per_trigger = 5");
-    run(ws.path(), &safe).map_err(anyhow::Error::msg)?;
+    // Safe changes are accepted, each on its own and then kept: a trigger, a
+    // rate limit, a filter in front of the aggregation, the watermark delay,
+    // another sink.
+    let filter = "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n\n[aggregate]";
+    let safe = [
+        base.replace("trigger = \"available-now\"", "trigger = \"once\""),
+        base.replace("max_files_per_trigger = 1", "max_files_per_trigger = 5"),
+        base.replace("[aggregate]", filter),
+        base.replace("delay = \"10 minutes\"", "delay = \"15 minutes\""),
+        base.replace("[sink]\nkind = \"memory\"", "[sink]\nkind = \"console\""),
+    ];
+    for (i, text) in safe.iter().enumerate() {
+        assert_ne!(text, &base, "change {i} must change the pipeline");
+        run(ws.path(), text).map_err(|e| anyhow::anyhow!("safe change {i} refused: {e}"))?;
+    }
     Ok(())
 }
