@@ -7,8 +7,20 @@ mod build_support;
 
 fn main() {
     build_support::build_plugins(&[
-        ("weir-plugin-filter-rows", "weir_plugin_filter_rows", "WEIR_PLUGIN_FILTER_ROWS"),
-        ("weir-plugin-normalize-status", "weir_plugin_normalize_status", "WEIR_PLUGIN_NORMALIZE_STATUS"),
-        ("weir-plugin-jsonl-sink", "weir_plugin_jsonl_sink", "WEIR_PLUGIN_JSONL_SINK"),
+        (
+            "weir-plugin-filter-rows",
+            "weir_plugin_filter_rows",
+            "WEIR_PLUGIN_FILTER_ROWS",
+        ),
+        (
+            "weir-plugin-normalize-status",
+            "weir_plugin_normalize_status",
+            "WEIR_PLUGIN_NORMALIZE_STATUS",
+        ),
+        (
+            "weir-plugin-jsonl-sink",
+            "weir_plugin_jsonl_sink",
+            "WEIR_PLUGIN_JSONL_SINK",
+        ),
     ]);
 }

@@ -13,9 +13,23 @@ use std::process::Command;
 /// Environment passed through to the nested cargo; everything else the outer
 /// cargo set for the build script (flags, wrappers, target) is left out.
 const KEEP_ENV: &[&str] = &[
-    "PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_MAKEFLAGS", "TMPDIR",
-    "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "no_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "CARGO_NET_OFFLINE", "CARGO_HTTP_CAINFO",
+    "PATH",
+    "HOME",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "CARGO_MAKEFLAGS",
+    "TMPDIR",
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "CARGO_NET_OFFLINE",
+    "CARGO_HTTP_CAINFO",
 ];
 
 /// A plugin crate to build: (package, library file stem, environment variable

@@ -5,5 +5,9 @@
 mod build_support;
 
 fn main() {
-    build_support::build_plugins(&[("weir-plugin-hostile", "weir_plugin_hostile", "WEIR_PLUGIN_HOSTILE")]);
+    build_support::build_plugins(&[(
+        "weir-plugin-hostile",
+        "weir_plugin_hostile",
+        "WEIR_PLUGIN_HOSTILE",
+    )]);
 }

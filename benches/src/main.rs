@@ -333,15 +333,30 @@ fn boundary(args: &[String]) -> Result<()> {
     let data = work.join("orders");
     weir_host::examples::write_orders(
         &data,
-        weir_host::examples::OrdersSpec { files: 1, lines_per_file: 65_536, seed: 1, malformed_every: 0 },
+        weir_host::examples::OrdersSpec {
+            files: 1,
+            lines_per_file: 65_536,
+            seed: 1,
+            malformed_every: 0,
+        },
     )?;
-    let schema = Arc::new(weir_host::spec::parse_schema(weir_host::examples::ORDERS_SCHEMA).map_err(anyhow::Error::msg)?);
-    let mut decoder = weir_host::decode::Decoder::new(schema, weir_host::decode::DecoderOptions {
-        policy: weir_host::decode::MalformedPolicy::Drop,
-        ..Default::default()
-    })?;
+    let schema = Arc::new(
+        weir_host::spec::parse_schema(weir_host::examples::ORDERS_SCHEMA)
+            .map_err(anyhow::Error::msg)?,
+    );
+    let mut decoder = weir_host::decode::Decoder::new(
+        schema,
+        weir_host::decode::DecoderOptions {
+            policy: weir_host::decode::MalformedPolicy::Drop,
+            ..Default::default()
+        },
+    )?;
     let mut decoded = weir_host::decode::Decoded::default();
-    decoder.decode(&std::fs::read(data.join("orders-00000.json"))?, "orders", &mut decoded)?;
+    decoder.decode(
+        &std::fs::read(data.join("orders-00000.json"))?,
+        "orders",
+        &mut decoded,
+    )?;
     let batch = arrow_select::concat::concat_batches(decoder.output_schema(), &decoded.batches)?;
     // Lower-case statuses so that the filter keeps ~80 %.
     let statuses = arrow_array::cast::AsArray::as_string::<i32>(batch.column(2))
@@ -355,7 +370,10 @@ fn boundary(args: &[String]) -> Result<()> {
     let empty = batch.slice(0, 0);
 
     let cache = work.join("cache");
-    let engine = PluginEngine::new(EngineOptions { cache_dir: Some(cache), fuel: false })?;
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache),
+        fuel: false,
+    })?;
     let path = work.join("filter_rows.wasm");
     std::fs::write(&path, weir_host::examples::FILTER_ROWS_WASM)?;
     let t = Instant::now();
@@ -374,7 +392,13 @@ fn boundary(args: &[String]) -> Result<()> {
     let mut wasm = WasmTransform::open(&engine, loaded, options, batch.schema())?;
     let open = t.elapsed();
     let mut native = NativeFilter::new(batch.schema());
-    let info = BatchInfo { query_id: "bench".into(), batch_id: 0, attempt: 0, timestamp_micros: 0, partition: 0 };
+    let info = BatchInfo {
+        query_id: "bench".into(),
+        batch_id: 0,
+        attempt: 0,
+        timestamp_micros: 0,
+        partition: 0,
+    };
 
     let time = |f: &mut dyn FnMut() -> Result<usize>| -> Result<(f64, usize)> {
         let mut v = Vec::with_capacity(iterations);
@@ -395,13 +419,29 @@ fn boundary(args: &[String]) -> Result<()> {
     }
     println!("| measure (median of {iterations}) | value |");
     println!("|---|---|");
-    println!("| compile filter_rows.wasm ({} KB), cold | {:.1} ms |", weir_host::examples::FILTER_ROWS_WASM.len() / 1024, cold.as_secs_f64() * 1e3);
-    println!("| load from the compiled cache | {:.2} ms |", warm.as_secs_f64() * 1e3);
-    println!("| instantiate + open | {:.2} ms |", open.as_secs_f64() * 1e3);
+    println!(
+        "| compile filter_rows.wasm ({} KB), cold | {:.1} ms |",
+        weir_host::examples::FILTER_ROWS_WASM.len() / 1024,
+        cold.as_secs_f64() * 1e3
+    );
+    println!(
+        "| load from the compiled cache | {:.2} ms |",
+        warm.as_secs_f64() * 1e3
+    );
+    println!(
+        "| instantiate + open | {:.2} ms |",
+        open.as_secs_f64() * 1e3
+    );
     println!("| call, 0 rows | {empty_us:.1} µs |");
     println!("| call, 1 row | {one_us:.1} µs |");
-    println!("| filter 65,536 rows, Wasm (kept {wasm_rows}) | {wasm_us:.0} µs ({:.1} M rows/s) |", 65_536.0 / wasm_us);
-    println!("| filter 65,536 rows, native arrow kernels | {native_us:.0} µs ({:.1} M rows/s) |", 65_536.0 / native_us);
+    println!(
+        "| filter 65,536 rows, Wasm (kept {wasm_rows}) | {wasm_us:.0} µs ({:.1} M rows/s) |",
+        65_536.0 / wasm_us
+    );
+    println!(
+        "| filter 65,536 rows, native arrow kernels | {native_us:.0} µs ({:.1} M rows/s) |",
+        65_536.0 / native_us
+    );
     println!("| Wasm / native | {:.2} |", wasm_us / native_us);
     std::fs::remove_dir_all(&work)?;
     Ok(())

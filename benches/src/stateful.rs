@@ -285,10 +285,20 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
 /// `2024-03-01T00:05:00.000000Z` (or with a space) → `2024-03-01T00:05:00Z`.
 fn normalise_ts(v: &str) -> String {
     let v = v.trim_matches('"');
-    if v.len() >= 19 && v.as_bytes().get(10).is_some_and(|b| *b == b'T' || *b == b' ') {
+    if v.len() >= 19
+        && v.as_bytes()
+            .get(10)
+            .is_some_and(|b| *b == b'T' || *b == b' ')
+    {
         let base = &v[..19];
-        if v[19..].trim_start_matches('.').trim_start_matches('0').trim_end_matches('Z').is_empty()
-            || v[19..].chars().all(|c| c == '.' || c == '0' || c == 'Z' || c == '+' || c == ':')
+        if v[19..]
+            .trim_start_matches('.')
+            .trim_start_matches('0')
+            .trim_end_matches('Z')
+            .is_empty()
+            || v[19..]
+                .chars()
+                .all(|c| c == '.' || c == '0' || c == 'Z' || c == '+' || c == ':')
         {
             return format!("{}Z", base.replacen(' ', "T", 1));
         }
@@ -326,11 +336,15 @@ fn spark_run(
         .stderr(Stdio::null())
         .status()?;
     if !status.success() {
-        bail!("spark {query} run failed ({status}); see {}", results.display());
+        bail!(
+            "spark {query} run failed ({status}); see {}",
+            results.display()
+        );
     }
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&measure)?)?;
-    let t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(results.join(format!("{tag}.timing.json")))?)?;
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        results.join(format!("{tag}.timing.json")),
+    )?)?;
     let result = if query == "revenue" {
         let text = std::fs::read_to_string(results.join(format!("{tag}.csv")))?;
         let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();

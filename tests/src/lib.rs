@@ -164,9 +164,17 @@ pub fn orders_batch(rows: usize) -> Result<arrow_array::RecordBatch> {
         },
     )?;
     let schema = Arc::new(weir_host::spec::parse_schema(SCHEMA).map_err(anyhow::Error::msg)?);
-    let mut decoder = weir_host::decode::Decoder::new(schema, weir_host::decode::DecoderOptions::default())?;
+    let mut decoder =
+        weir_host::decode::Decoder::new(schema, weir_host::decode::DecoderOptions::default())?;
     let mut decoded = weir_host::decode::Decoded::default();
-    decoder.decode(&std::fs::read(dir.path().join("orders-00000.json"))?, "orders", &mut decoded)?;
+    decoder.decode(
+        &std::fs::read(dir.path().join("orders-00000.json"))?,
+        "orders",
+        &mut decoded,
+    )?;
     let batches = decoded.batches;
-    Ok(arrow_select::concat::concat_batches(decoder.output_schema(), &batches)?)
+    Ok(arrow_select::concat::concat_batches(
+        decoder.output_schema(),
+        &batches,
+    )?)
 }

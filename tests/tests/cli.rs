@@ -108,11 +108,23 @@ fn the_demo_runs_end_to_end() -> Result<()> {
     let mut input_rows = 0;
     for (i, line) in progress.lines().enumerate() {
         let p: serde_json::Value = serde_json::from_str(line)?;
-        for key in ["id", "runId", "name", "timestamp", "batchId", "numInputRows", "inputRowsPerSecond", "processedRowsPerSecond"] {
+        for key in [
+            "id",
+            "runId",
+            "name",
+            "timestamp",
+            "batchId",
+            "numInputRows",
+            "inputRowsPerSecond",
+            "processedRowsPerSecond",
+        ] {
             assert!(!p[key].is_null(), "{key} missing in {p}");
         }
         for key in ["getBatch", "walCommit", "addBatch", "triggerExecution"] {
-            assert!(p["durationMs"][key].is_u64(), "durationMs.{key} missing in {p}");
+            assert!(
+                p["durationMs"][key].is_u64(),
+                "durationMs.{key} missing in {p}"
+            );
         }
         assert_eq!(p["batchId"], i as u64);
         assert_eq!(p["name"], "demo");
@@ -120,7 +132,11 @@ fn the_demo_runs_end_to_end() -> Result<()> {
         assert_eq!(source["endOffset"]["logOffset"], i as u64);
         assert_eq!(source["numInputRows"], p["numInputRows"]);
         assert!(p["sink"]["numOutputRows"].is_u64());
-        assert_eq!(p["plugins"].as_array().map(Vec::len), Some(3), "two transforms and the sink");
+        assert_eq!(
+            p["plugins"].as_array().map(Vec::len),
+            Some(3),
+            "two transforms and the sink"
+        );
         input_rows += p["numInputRows"].as_u64().unwrap_or(0);
     }
     assert_eq!(input_rows, 900);

@@ -33,7 +33,11 @@ fn hostile(config: &str, sandbox: Sandbox, batch: &RecordBatch) -> Result<WasmTr
         cache_dir: Some(cache()),
         fuel: sandbox.fuel.is_some(),
     })?;
-    let loaded = engine.load_bytes("hostile", std::path::Path::new("hostile.wasm"), HOSTILE_WASM)?;
+    let loaded = engine.load_bytes(
+        "hostile",
+        std::path::Path::new("hostile.wasm"),
+        HOSTILE_WASM,
+    )?;
     Ok(WasmTransform::open(
         &engine,
         loaded,
@@ -56,7 +60,10 @@ fn a_trap_fails_its_batch_and_the_instance_is_replaced() -> Result<()> {
     assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     let text = err.to_string();
     assert!(text.contains("plugin hostile trapped in batch 1"), "{text}");
-    assert!(text.contains("panicking on purpose"), "the guest's panic message is kept: {text}");
+    assert!(
+        text.contains("panicking on purpose"),
+        "the guest's panic message is kept: {text}"
+    );
     // The poisoned instance is gone; the next batch runs on a fresh one.
     assert_eq!(t.process(&batch, &info(2))?.num_rows(), 100);
     assert_eq!(t.usage().instantiations, 2);
@@ -73,9 +80,20 @@ fn an_endless_loop_hits_the_deadline() -> Result<()> {
     let mut t = hostile(r#"{"mode":"loop","batch":0}"#, sandbox, &batch)?;
     let started = Instant::now();
     let err = t.process(&batch, &info(0)).expect_err("loops forever");
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
-    assert!(matches!(err, PluginError::Timeout { limit_ms: 200, .. }), "{err}");
-    assert!(err.to_string().contains("plugin hostile exceeded its time limit of 200 ms"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(err, PluginError::Timeout { limit_ms: 200, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("plugin hostile exceeded its time limit of 200 ms"),
+        "{err}"
+    );
     assert_eq!(t.process(&batch, &info(1))?.num_rows(), 10);
     Ok(())
 }
@@ -89,7 +107,16 @@ fn fuel_runs_out_in_an_endless_loop() -> Result<()> {
     };
     let mut t = hostile(r#"{"mode":"loop","batch":0}"#, sandbox, &batch)?;
     let err = t.process(&batch, &info(0)).expect_err("loops forever");
-    assert!(matches!(err, PluginError::OutOfFuel { fuel: 50_000_000, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            PluginError::OutOfFuel {
+                fuel: 50_000_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -101,8 +128,13 @@ fn unbounded_allocation_hits_the_memory_limit() -> Result<()> {
         ..Sandbox::default()
     };
     let mut t = hostile(r#"{"mode":"alloc","batch":0}"#, sandbox, &batch)?;
-    let err = t.process(&batch, &info(0)).expect_err("allocates without bound");
-    assert!(matches!(err, PluginError::MemoryExceeded { limit, .. } if limit == 32 << 20), "{err}");
+    let err = t
+        .process(&batch, &info(0))
+        .expect_err("allocates without bound");
+    assert!(
+        matches!(err, PluginError::MemoryExceeded { limit, .. } if limit == 32 << 20),
+        "{err}"
+    );
     assert_eq!(t.process(&batch, &info(1))?.num_rows(), 10);
     Ok(())
 }
@@ -110,7 +142,11 @@ fn unbounded_allocation_hits_the_memory_limit() -> Result<()> {
 #[test]
 fn files_and_the_network_are_not_granted() -> Result<()> {
     let batch = orders_batch(10)?;
-    let mut t = hostile(r#"{"mode":"read-file","file":"/etc/passwd"}"#, Sandbox::default(), &batch)?;
+    let mut t = hostile(
+        r#"{"mode":"read-file","file":"/etc/passwd"}"#,
+        Sandbox::default(),
+        &batch,
+    )?;
     let err = t.process(&batch, &info(0)).expect_err("no filesystem");
     let text = err.to_string();
     assert!(text.contains("plugin hostile failed batch 0"), "{text}");
@@ -122,7 +158,11 @@ fn files_and_the_network_are_not_granted() -> Result<()> {
     let config = format!(r#"{{"mode":"connect","address":"{address}"}}"#);
     let mut t = hostile(&config, Sandbox::default(), &batch)?;
     let err = t.process(&batch, &info(0)).expect_err("no network");
-    assert!(err.to_string().contains(&format!("cannot connect to {address}")), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("cannot connect to {address}")),
+        "{err}"
+    );
     assert!(listener.accept().is_err(), "nothing may have connected");
     Ok(())
 }
@@ -132,12 +172,22 @@ fn a_malformed_result_and_an_error_value_are_reported() -> Result<()> {
     let batch = orders_batch(10)?;
     let mut t = hostile(r#"{"mode":"bad-output"}"#, Sandbox::default(), &batch)?;
     let err = t.process(&batch, &info(4)).expect_err("wrong length");
-    assert!(matches!(err, PluginError::MalformedOutput { batch_id: 4, .. }), "{err}");
-    assert!(err.to_string().contains("has 9 values, the batch has 10 rows"), "{err}");
+    assert!(
+        matches!(err, PluginError::MalformedOutput { batch_id: 4, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("has 9 values, the batch has 10 rows"),
+        "{err}"
+    );
 
     let mut t = hostile(r#"{"mode":"error"}"#, Sandbox::default(), &batch)?;
     let err = t.process(&batch, &info(5)).expect_err("refuses");
-    assert_eq!(err.to_string(), "plugin hostile failed batch 5 (fatal) at row 3: hostile plugin: refusing this batch");
+    assert_eq!(
+        err.to_string(),
+        "plugin hostile failed batch 5 (fatal) at row 3: hostile plugin: refusing this batch"
+    );
     assert!(!err.is_retryable());
     Ok(())
 }
@@ -146,7 +196,11 @@ fn a_malformed_result_and_an_error_value_are_reported() -> Result<()> {
 fn a_bad_config_is_refused_at_start() -> Result<()> {
     let batch = orders_batch(10)?;
     let err = hostile(r#"{"mode":"sulk"}"#, Sandbox::default(), &batch).expect_err("unknown mode");
-    assert!(err.to_string().contains("plugin hostile rejected its config"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("plugin hostile rejected its config"),
+        "{err}"
+    );
     assert!(err.to_string().contains("sulk"), "{err}");
     let err = hostile(r#"{"mood":"trap"}"#, Sandbox::default(), &batch).expect_err("unknown key");
     assert!(err.to_string().contains("mood"), "{err}");
@@ -199,13 +253,22 @@ fn a_failed_batch_is_not_committed_and_reruns_once_the_plugin_is_fixed() -> Resu
         };
         assert!(stderr.contains(expected), "{mode}: {stderr}");
         if mode == "retryable" {
-            assert!(stderr.contains("retrying"), "a retryable error is retried: {stderr}");
+            assert!(
+                stderr.contains("retrying"),
+                "a retryable error is retried: {stderr}"
+            );
         }
         // The guest's own panic message is quoted in the error; the host's
         // threads never panic.
-        assert!(!stderr.contains("thread 'main'"), "the host must not panic: {stderr}");
+        assert!(
+            !stderr.contains("thread 'main'"),
+            "the host must not panic: {stderr}"
+        );
         if mode == "trap" {
-            assert!(stderr.contains("panicking on purpose in batch 1"), "{stderr}");
+            assert!(
+                stderr.contains("panicking on purpose in batch 1"),
+                "{stderr}"
+            );
         }
         let checkpoint = ws.path().join("checkpoints/hostile");
         assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0]);
@@ -213,7 +276,10 @@ fn a_failed_batch_is_not_committed_and_reruns_once_the_plugin_is_fixed() -> Resu
     }
     let file = ws.pipeline("hostile.toml", &pipeline("ok"))?;
     run_ok(EXE, &cache(), &file, &[])?;
-    assert_eq!(log_ids(&ws.path().join("checkpoints/hostile/commits"))?, vec![0, 1, 2]);
+    assert_eq!(
+        log_ids(&ws.path().join("checkpoints/hostile/commits"))?,
+        vec![0, 1, 2]
+    );
     let mut rows = 0;
     for e in std::fs::read_dir(ws.path().join("out"))? {
         rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;

@@ -18,7 +18,11 @@ fn revenue(tag: &str, watermark: bool, extra_query: &str, group_by: &str) -> Str
     } else {
         ""
     };
-    let mode = if watermark.is_empty() { "update" } else { "append" };
+    let mode = if watermark.is_empty() {
+        "update"
+    } else {
+        "append"
+    };
     format!(
         r#"
 [query]
@@ -67,7 +71,9 @@ fn state_rows(checkpoint: &Path) -> Result<Vec<u64>> {
     text.lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l)?;
-            Ok(v["stateOperators"][0]["numRowsTotal"].as_u64().unwrap_or(u64::MAX))
+            Ok(v["stateOperators"][0]["numRowsTotal"]
+                .as_u64()
+                .unwrap_or(u64::MAX))
         })
         .collect()
 }
@@ -78,19 +84,36 @@ fn state_stays_bounded_with_a_watermark_and_grows_without() -> Result<()> {
     let ws = Workspace::new(200, 20)?;
     run(ws.path(), &revenue("bounded", true, "", r#"["status"]"#)).map_err(anyhow::Error::msg)?;
     let bounded = state_rows(&ws.path().join("checkpoints/bounded"))?;
-    assert_eq!(bounded.len(), 201, "200 data batches and the trailing no-data batch");
+    assert_eq!(
+        bounded.len(),
+        201,
+        "200 data batches and the trailing no-data batch"
+    );
     // 12 distinct status spellings (4 statuses × 3 spellings) × the windows a
     // 10-minute watermark keeps open: two 5-minute windows of delay, the
     // current one and one awaiting emission.
     let ceiling = 12 * 4;
-    assert!(bounded.iter().all(|&n| n <= ceiling), "state rows per batch: {bounded:?}");
+    assert!(
+        bounded.iter().all(|&n| n <= ceiling),
+        "state rows per batch: {bounded:?}"
+    );
 
-    run(ws.path(), &revenue("unbounded", false, "", r#"["status"]"#)).map_err(anyhow::Error::msg)?;
+    run(ws.path(), &revenue("unbounded", false, "", r#"["status"]"#))
+        .map_err(anyhow::Error::msg)?;
     let unbounded = state_rows(&ws.path().join("checkpoints/unbounded"))?;
     assert_eq!(unbounded.len(), 200, "no watermark, no no-data batch");
-    assert!(unbounded.windows(2).all(|w| w[0] <= w[1]), "never shrinks: {unbounded:?}");
-    assert!(*unbounded.last().unwrap_or(&0) >= 4 * 40 - 4, "one row per (window, status): {unbounded:?}");
-    assert!(*unbounded.last().unwrap_or(&0) > 5 * ceiling, "grows past any ceiling: {unbounded:?}");
+    assert!(
+        unbounded.windows(2).all(|w| w[0] <= w[1]),
+        "never shrinks: {unbounded:?}"
+    );
+    assert!(
+        *unbounded.last().unwrap_or(&0) >= 4 * 40 - 4,
+        "one row per (window, status): {unbounded:?}"
+    );
+    assert!(
+        *unbounded.last().unwrap_or(&0) > 5 * ceiling,
+        "grows past any ceiling: {unbounded:?}"
+    );
     Ok(())
 }
 
@@ -100,14 +123,33 @@ fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
     let base = revenue("q", true, "", r#"["status"]"#);
     run(ws.path(), &base).map_err(anyhow::Error::msg)?;
     let refused = [
-        (revenue("q", true, "", r#"["status", "customer_id"]"#), "customer_id"),
-        (base.replace("column = \"occurred_at\"\ndelay", "column = \"shipped_at\"\ndelay").replace(
-            "window = { column = \"occurred_at\"",
-            "window = { column = \"shipped_at\"",
-        ), "the watermark column"),
-        (base.replace("state_store = \"memory\"", "state_store = \"rocksdb\""), "the state store"),
-        (base.replace("name = \"orders\"", "name = \"purchases\""), "the sources"),
-        (revenue("q", true, "state_partitions = 4", r#"["status"]"#), "the number of state partitions"),
+        (
+            revenue("q", true, "", r#"["status", "customer_id"]"#),
+            "customer_id",
+        ),
+        (
+            base.replace(
+                "column = \"occurred_at\"\ndelay",
+                "column = \"shipped_at\"\ndelay",
+            )
+            .replace(
+                "window = { column = \"occurred_at\"",
+                "window = { column = \"shipped_at\"",
+            ),
+            "the watermark column",
+        ),
+        (
+            base.replace("state_store = \"memory\"", "state_store = \"rocksdb\""),
+            "the state store",
+        ),
+        (
+            base.replace("name = \"orders\"", "name = \"purchases\""),
+            "the sources",
+        ),
+        (
+            revenue("q", true, "state_partitions = 4", r#"["status"]"#),
+            "the number of state partitions",
+        ),
     ];
     for (text, what) in refused {
         let err = run(ws.path(), &text).expect_err(what);
@@ -130,5 +172,83 @@ fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
         assert_ne!(text, &base, "change {i} must change the pipeline");
         run(ws.path(), text).map_err(|e| anyhow::anyhow!("safe change {i} refused: {e}"))?;
     }
+    Ok(())
+}
+
+/// A clock the test moves by hand.
+#[derive(Debug)]
+struct ManualClock(std::sync::atomic::AtomicI64);
+
+impl weir_host::query::Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn offsets_watermark(checkpoint: &Path, batch: u64) -> Result<i64> {
+    let text = std::fs::read_to_string(checkpoint.join("offsets").join(batch.to_string()))?;
+    let json = text.lines().nth(1).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(json)?;
+    Ok(v["batchWatermarkMs"].as_i64().unwrap_or(i64::MIN))
+}
+
+#[test]
+fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    let ws = Workspace::new(3, 40)?;
+    let text = revenue("idle", true, "", r#"["status"]"#)
+        .replace("trigger = \"available-now\"\n", "")
+        .replace("delay = \"10 minutes\"", "delay = \"10 minutes\"\nidle_timeout = \"1 minute\"");
+    let spec = weir_host::spec::parse(&text, ws.path(), "test.toml", &[])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The clock stands far after every event time of the data.
+    let t0: i64 = 1_900_000_000_000;
+    let clock = Arc::new(ManualClock(AtomicI64::new(t0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkpoint = ws.path().join("checkpoints/idle");
+    let (thread_clock, thread_stop) = (clock.clone(), stop.clone());
+    let runner = std::thread::spawn(move || {
+        let options = QueryOptions {
+            cache_dir: Some(cache()),
+            memory_sink: Some(MemorySink::new()),
+            clock: thread_clock,
+            stop: thread_stop,
+            ..QueryOptions::default()
+        };
+        Query::start(spec, options).and_then(|mut q| q.run())
+    });
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| -> Result<()> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done() {
+            anyhow::ensure!(std::time::Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let committed = |checkpoint: &Path| weir_tests::log_ids(&checkpoint.join("commits")).unwrap_or_default();
+    // The three files, then the no-data batch their watermark asks for.
+    wait_for("the data batches", &|| committed(&checkpoint).len() >= 4)?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = committed(&checkpoint);
+    assert_eq!(before.len(), 4, "nothing more runs while the clock stands still: {before:?}");
+    let held = state_rows(&checkpoint)?;
+    assert!(held.last().is_some_and(|&n| n > 0), "windows wait for the watermark: {held:?}");
+
+    // Not yet idle for a minute: nothing happens.
+    clock.0.store(t0 + 59_000, Ordering::SeqCst);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(committed(&checkpoint), before);
+
+    // Idle for a minute: the watermark jumps to clock − delay, one batch runs
+    // and emits and evicts every window.
+    clock.0.store(t0 + 60_000, Ordering::SeqCst);
+    wait_for("the idle batch", &|| committed(&checkpoint).len() > before.len())?;
+    stop.store(true, Ordering::SeqCst);
+    let summary = runner.join().map_err(|_| anyhow::anyhow!("query thread panicked"))??;
+    let last = *committed(&checkpoint).last().unwrap_or(&0);
+    assert_eq!(offsets_watermark(&checkpoint, last)?, t0 + 60_000 - 600_000);
+    assert_eq!(state_rows(&checkpoint)?.last(), Some(&0), "every window emitted");
+    assert!(summary.output_rows > 0);
     Ok(())
 }

@@ -74,7 +74,10 @@ fn progress_timestamps(checkpoint: &Path) -> Result<Vec<String>> {
     text.lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l)?;
-            v["timestamp"].as_str().map(str::to_owned).context("timestamp")
+            v["timestamp"]
+                .as_str()
+                .map(str::to_owned)
+                .context("timestamp")
         })
         .collect()
 }
@@ -93,9 +96,17 @@ fn sigterm_and_sigint_finish_the_batch_and_exit_cleanly() -> Result<()> {
         signal(&child, sig)?;
         let status = child.wait()?;
         assert_eq!(status.code(), Some(0), "{tag}: a signal is a clean stop");
-        assert_eq!(log_ids(&checkpoint.join("offsets"))?, log_ids(&checkpoint.join("commits"))?);
+        assert_eq!(
+            log_ids(&checkpoint.join("offsets"))?,
+            log_ids(&checkpoint.join("commits"))?
+        );
         // The lock is released: the query starts again at once.
-        run_ok(EXE, &cache(), &file, &["--set", "query.trigger=available-now"])?;
+        run_ok(
+            EXE,
+            &cache(),
+            &file,
+            &["--set", "query.trigger=available-now"],
+        )?;
     }
     Ok(())
 }
@@ -126,7 +137,10 @@ fn processing_time_trigger_spaces_batches_by_its_interval() -> Result<()> {
     };
     for pair in ts.windows(2) {
         let gap = (ms(&pair[1])? - ms(&pair[0])?).rem_euclid(86_400_000);
-        assert!(gap >= 650, "batches {pair:?} are {gap} ms apart, the interval is 700 ms");
+        assert!(
+            gap >= 650,
+            "batches {pair:?} are {gap} ms apart, the interval is 700 ms"
+        );
     }
     Ok(())
 }
@@ -136,10 +150,16 @@ fn once_takes_everything_in_one_batch_and_available_now_respects_the_limit() -> 
     let ws = Workspace::new(4, 50)?;
     let once = ws.pipeline("once.toml", &pipeline("once", r#"trigger = "once""#))?;
     run_ok(EXE, &cache(), &once, &[])?;
-    assert_eq!(log_ids(&ws.path().join("checkpoints/once/commits"))?, vec![0]);
+    assert_eq!(
+        log_ids(&ws.path().join("checkpoints/once/commits"))?,
+        vec![0]
+    );
     let now = ws.pipeline("now.toml", &pipeline("now", r#"trigger = "available-now""#))?;
     run_ok(EXE, &cache(), &now, &[])?;
-    assert_eq!(log_ids(&ws.path().join("checkpoints/now/commits"))?, vec![0, 1, 2, 3]);
+    assert_eq!(
+        log_ids(&ws.path().join("checkpoints/now/commits"))?,
+        vec![0, 1, 2, 3]
+    );
     // Both read every row: the same rows, cut differently.
     let count = |tag: &str| -> Result<usize> {
         let mut n = 0;

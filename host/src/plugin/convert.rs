@@ -376,7 +376,12 @@ mod tests {
             schema,
             vec![
                 Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
-                Arc::new(StringArray::from(vec![Some("a"), None, Some("ccc"), Some("")])),
+                Arc::new(StringArray::from(vec![
+                    Some("a"),
+                    None,
+                    Some("ccc"),
+                    Some(""),
+                ])),
                 Arc::new(amount),
                 Arc::new(at),
             ],
@@ -391,7 +396,12 @@ mod tests {
             let wit = wit_column(field, b.column(i)).expect("supported");
             let (f, array) = arrow_column(wit, 3, Some(field.data_type())).expect("valid");
             assert_eq!(f.data_type(), field.data_type());
-            assert_eq!(array.as_ref(), b.column(i).as_ref(), "column {}", field.name());
+            assert_eq!(
+                array.as_ref(),
+                b.column(i).as_ref(),
+                "column {}",
+                field.name()
+            );
         }
     }
 
@@ -424,7 +434,12 @@ mod tests {
         };
         let out = apply_edit(&b, edit).expect("valid edit");
         assert_eq!(out.num_rows(), 2);
-        let names: Vec<_> = out.schema().fields().iter().map(|f| f.name().clone()).collect();
+        let names: Vec<_> = out
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
         assert_eq!(names, ["id", "status", "at"]);
         assert_eq!(out.column(1).as_string::<i32>().value(0), "x");
         assert_eq!(out.column(0).as_primitive::<Int64Type>().values(), &[2, 4]);

@@ -12,8 +12,14 @@ use crate::spec::{Pipeline, SinkSpec, SourceKind, StateStoreKind, WatermarkPolic
 /// Parts of the fingerprint a restart may not change.
 const FROZEN: &[(&str, &str)] = &[
     ("sources", "the sources (names, kinds, paths, formats)"),
-    ("stateful", "the stateful operator (its keys, window and aggregates)"),
-    ("stateful_schema", "the schema of the stateful operator's state"),
+    (
+        "stateful",
+        "the stateful operator (its keys, window and aggregates)",
+    ),
+    (
+        "stateful_schema",
+        "the schema of the stateful operator's state",
+    ),
     ("watermark_column", "the watermark column"),
     ("watermark_policy", "the watermark policy"),
     ("state_store", "the state store"),
@@ -23,7 +29,11 @@ const FROZEN: &[(&str, &str)] = &[
 
 /// The fingerprint of `pipeline`; `stateful_schema` describes the stateful
 /// operator's output (key and value columns with their types), if any.
-pub fn of(pipeline: &Pipeline, stateful_schema: Option<&arrow_schema::Schema>, plugins: &[(String, String)]) -> Value {
+pub fn of(
+    pipeline: &Pipeline,
+    stateful_schema: Option<&arrow_schema::Schema>,
+    plugins: &[(String, String)],
+) -> Value {
     let sources: Vec<Value> = pipeline
         .sources
         .iter()
@@ -109,7 +119,10 @@ pub fn compare(old: &Value, new: &Value) -> Comparison {
     keys.sort();
     keys.dedup();
     for key in keys {
-        let (a, b) = (old.get(key).unwrap_or(&Value::Null), new.get(key).unwrap_or(&Value::Null));
+        let (a, b) = (
+            old.get(key).unwrap_or(&Value::Null),
+            new.get(key).unwrap_or(&Value::Null),
+        );
         if a == b {
             continue;
         }
@@ -135,7 +148,12 @@ mod tests {
         let new = json!({"stateful": {"group_by": ["status", "customer_id"]}, "sink": "files", "plugins": [{"name": "f"}], "state_store": "memory"});
         let c = compare(&old, &new);
         assert_eq!(c.refused.len(), 2, "{c:?}");
-        assert!(c.refused[0].contains("the state store changed: state_store was \"rocksdb\", is now \"memory\""), "{c:?}");
+        assert!(
+            c.refused[0].contains(
+                "the state store changed: state_store was \"rocksdb\", is now \"memory\""
+            ),
+            "{c:?}"
+        );
         assert!(c.refused[1].contains("the stateful operator"), "{c:?}");
         assert!(c.refused[1].contains("customer_id"), "{c:?}");
         assert_eq!(c.accepted.len(), 1);

@@ -24,13 +24,13 @@ use serde::{Deserialize, Serialize};
 mod fingerprint;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
-use crate::operator::dedup::{DedupConfig, DedupOperator};
-use crate::operator::stateful::{OperatorError, OperatorMetrics, StatefulContext, StatefulOperator};
-use crate::state::{StateError, StateOptions, StoreKind};
-use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
 use crate::decode::{self, DecodeError, Decoder, DecoderOptions};
 use crate::failpoint::{Failpoint, Phase};
+use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
+use crate::operator::dedup::{DedupConfig, DedupOperator};
+use crate::operator::stateful::{
+    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+};
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
     BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginOptions, PluginUsage,
@@ -40,6 +40,8 @@ use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceP
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
 use crate::source::{FileEntry, FilesSource, SourceError};
 use crate::spec::{self, OutputMode, Pipeline, SinkSpec, SourceKind, Trigger};
+use crate::state::{StateError, StateOptions, StoreKind};
+use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -202,6 +204,8 @@ pub struct Query {
     next_batch: u64,
     options: QueryOptions,
     last_trigger: Option<Instant>,
+    /// Clock time of the last batch that had input (for the idle timeout).
+    last_input_ms: i64,
     summary: RunSummary,
 }
 
@@ -422,6 +426,7 @@ impl Query {
             }
         };
         let dead_letter = files.dead_letter_path.clone();
+        let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
                 batch_id = n,
@@ -445,6 +450,7 @@ impl Query {
             next_batch,
             options,
             last_trigger: None,
+            last_input_ms: started_ms,
             summary: RunSummary::default(),
         })
     }
@@ -521,14 +527,44 @@ impl Query {
     fn trigger_once(&mut self) -> Result<bool, QueryError> {
         let files = self.source.take(&self.source.list_new()?, false);
         if !files.is_empty() {
+            self.last_input_ms = self.options.clock.now_ms();
             self.plan_and_run(files)?;
             return Ok(true);
         }
+        self.advance_idle_watermark();
         if self.wants_no_data_batch() {
             self.plan_and_run(Vec::new())?;
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// The opt-in idle timeout (`[watermark] idle_timeout`): an input without
+    /// data for that long no longer holds the watermark back; it advances as
+    /// if event time kept pace with the clock (clock − delay). The value
+    /// goes into the next batch's offsets entry, so a replay sees it.
+    fn advance_idle_watermark(&mut self) {
+        let Some(spec) = &self.pipeline.watermark else {
+            return;
+        };
+        let Some(idle) = spec.idle_timeout else {
+            return;
+        };
+        let now = self.options.clock.now_ms();
+        if now.saturating_sub(self.last_input_ms) < millis_i64(idle) {
+            return;
+        }
+        let candidate = now.saturating_sub(millis_i64(spec.delay));
+        if candidate > self.next_watermark_ms {
+            tracing::info!(
+                query = %self.pipeline.query.name,
+                idle_ms = now.saturating_sub(self.last_input_ms),
+                "source {} is idle: the watermark advances to {}",
+                self.source.name(),
+                progress::rfc3339_ms(candidate)
+            );
+            self.next_watermark_ms = candidate;
+        }
     }
 
     /// Spark runs a batch without new data when a stateful operator could
@@ -640,7 +676,15 @@ impl Query {
         }
         let commit_ms = millis(commit_started.elapsed());
         let total_ms = millis(trigger_start.elapsed());
-        let record = self.progress(n, &entry, &outcome, state_metrics, usage_before, since_last, [wal_ms, commit_ms, total_ms]);
+        let record = self.progress(
+            n,
+            &entry,
+            &outcome,
+            state_metrics,
+            usage_before,
+            since_last,
+            [wal_ms, commit_ms, total_ms],
+        );
         let json = serde_json::to_value(&record).map_err(|e| QueryError::Protocol {
             batch_id: n,
             message: format!("cannot serialise progress: {e}"),
@@ -656,7 +700,10 @@ impl Query {
     }
 
     /// The progress record of batch `n` (Spark's `StreamingQueryProgress`).
-    #[allow(clippy::too_many_arguments, reason = "one call site; the pieces are unrelated")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site; the pieces are unrelated"
+    )]
     fn progress(
         &self,
         n: u64,
@@ -706,7 +753,9 @@ impl Query {
             state_operators,
             sources: vec![SourceProgress {
                 description: self.source.description(),
-                start_offset: n.checked_sub(1).map(|p| serde_json::json!({ "logOffset": p })),
+                start_offset: n
+                    .checked_sub(1)
+                    .map(|p| serde_json::json!({ "logOffset": p })),
                 end_offset: serde_json::json!({ "logOffset": n }),
                 latest_offset: serde_json::json!({ "logOffset": n }),
                 num_input_rows: outcome.input_rows,
@@ -732,7 +781,9 @@ impl Query {
                         name,
                         sha256,
                         calls: after.calls - before.calls,
-                        call_time_ms: (after.call_time.saturating_sub(before.call_time)).as_secs_f64() * 1000.0,
+                        call_time_ms: (after.call_time.saturating_sub(before.call_time))
+                            .as_secs_f64()
+                            * 1000.0,
                         instantiations: after.instantiations - before.instantiations,
                         fuel_consumed: after.fuel_consumed - before.fuel_consumed,
                     }
@@ -850,10 +901,9 @@ fn build_stateful(
         ..StateOptions::default()
     };
     let state_dir = checkpoint_dir.join("state").join("0");
-    let delay_ms = pipeline
-        .watermark
-        .as_ref()
-        .map_or(0, |w| i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX));
+    let delay_ms = pipeline.watermark.as_ref().map_or(0, |w| {
+        i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX)
+    });
     if let Some(a) = &pipeline.aggregate {
         let aggregates = a
             .select
@@ -867,16 +917,22 @@ fn build_stateful(
         let window = a.window.as_ref().map(|w| WindowConfig {
             column: w.column.clone(),
             spec: match w.kind {
-                spec::WindowKind::Tumbling { size } => crate::operator::aggregate::WindowSpec::Tumbling {
-                    size_ms: millis_i64(size),
-                },
-                spec::WindowKind::Sliding { size, slide } => crate::operator::aggregate::WindowSpec::Sliding {
-                    size_ms: millis_i64(size),
-                    slide_ms: millis_i64(slide),
-                },
-                spec::WindowKind::Session { gap } => crate::operator::aggregate::WindowSpec::Session {
-                    gap_ms: millis_i64(gap),
-                },
+                spec::WindowKind::Tumbling { size } => {
+                    crate::operator::aggregate::WindowSpec::Tumbling {
+                        size_ms: millis_i64(size),
+                    }
+                }
+                spec::WindowKind::Sliding { size, slide } => {
+                    crate::operator::aggregate::WindowSpec::Sliding {
+                        size_ms: millis_i64(size),
+                        slide_ms: millis_i64(slide),
+                    }
+                }
+                spec::WindowKind::Session { gap } => {
+                    crate::operator::aggregate::WindowSpec::Session {
+                        gap_ms: millis_i64(gap),
+                    }
+                }
             },
         });
         if pipeline.watermark.is_none() {

@@ -924,12 +924,23 @@ fn stateful_problems_are_all_reported() {
     let dir = workspace();
     let text = STATEFUL
         .replace("state_store = \"memory\"", "state_store = \"redis\"")
-        .replace("size = \"5 minutes\", slide = \"1 minute\"", "size = \"5 minutes\", slide = \"9 minutes\"")
+        .replace(
+            "size = \"5 minutes\", slide = \"1 minute\"",
+            "size = \"5 minutes\", slide = \"9 minutes\"",
+        )
         .replace("delay = \"10 minutes\"", "delay = \"ten\"")
         .replace("[sink]", "[deduplicate]\nkeys = []\n\n[sink]");
     let err = parse_in(dir.path(), &text, &[]).unwrap_err();
     let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
-    for expected in ["query.state_store", "watermark.delay", "aggregate.window.slide", "deduplicate.keys"] {
-        assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
+    for expected in [
+        "query.state_store",
+        "watermark.delay",
+        "aggregate.window.slide",
+        "deduplicate.keys",
+    ] {
+        assert!(
+            paths.contains(&expected),
+            "{expected} missing from {paths:?}"
+        );
     }
 }

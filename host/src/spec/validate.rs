@@ -226,7 +226,10 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
             "query.state_store",
             kind,
             "a state store",
-            &[("rocksdb", StateStoreKind::RocksDb), ("memory", StateStoreKind::Memory)],
+            &[
+                ("rocksdb", StateStoreKind::RocksDb),
+                ("memory", StateStoreKind::Memory),
+            ],
         ),
     };
     let state_partitions = match q.state_partitions {
@@ -266,7 +269,11 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
 const DEFAULT_STATE_PARTITIONS: u32 = 2;
 
 /// A required, positive duration at `path`.
-fn positive_duration(c: &mut Collector, path: &str, value: Option<&str>) -> Option<std::time::Duration> {
+fn positive_duration(
+    c: &mut Collector,
+    path: &str,
+    value: Option<&str>,
+) -> Option<std::time::Duration> {
     let text = c.required(path, value)?;
     match parse_duration(text) {
         Ok(d) if !d.is_zero() => Some(d),
@@ -281,7 +288,11 @@ fn positive_duration(c: &mut Collector, path: &str, value: Option<&str>) -> Opti
     }
 }
 
-fn non_empty_names(c: &mut Collector, path: &str, names: Option<Vec<String>>) -> Option<Vec<String>> {
+fn non_empty_names(
+    c: &mut Collector,
+    path: &str,
+    names: Option<Vec<String>>,
+) -> Option<Vec<String>> {
     let names = c.required(path, names)?;
     if names.is_empty() {
         c.push(path, "must name at least one column");
@@ -327,8 +338,10 @@ fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
         Some(w) => {
             let column = c.required("aggregate.window.column", w.column);
             let kind = match (w.size.as_deref(), w.slide.as_deref(), w.gap.as_deref()) {
-                (Some(size), None, None) => positive_duration(c, "aggregate.window.size", Some(size))
-                    .map(|size| WindowKind::Tumbling { size }),
+                (Some(size), None, None) => {
+                    positive_duration(c, "aggregate.window.size", Some(size))
+                        .map(|size| WindowKind::Tumbling { size })
+                }
                 (Some(size), Some(slide), None) => {
                     let size = positive_duration(c, "aggregate.window.size", Some(size));
                     let slide = positive_duration(c, "aggregate.window.slide", Some(slide));

@@ -318,7 +318,10 @@ impl StateStore {
             None => self.backend.reset(None)?,
         }
         for v in chain.into_iter().rev() {
-            let file = RecordFile::read(&self.dir.join(files::changelog_name(v)), FileKind::Changelog)?;
+            let file = RecordFile::read(
+                &self.dir.join(files::changelog_name(v)),
+                FileKind::Changelog,
+            )?;
             self.backend.apply(&mut file.records())?;
             rows = file.rows_total;
         }

@@ -75,14 +75,20 @@ impl Header {
             return Err(StateError::corrupt(file, "shorter than the file header"));
         }
         if &bytes[..8] != MAGIC {
-            return Err(StateError::corrupt(file, "not a Weir state file (bad magic)"));
+            return Err(StateError::corrupt(
+                file,
+                "not a Weir state file (bad magic)",
+            ));
         }
         let kind = match bytes[8] {
             1 => FileKind::Changelog,
             2 => FileKind::Dump,
             3 => FileKind::SnapshotMeta,
             other => {
-                return Err(StateError::corrupt(file, format!("unknown file kind {other}")));
+                return Err(StateError::corrupt(
+                    file,
+                    format!("unknown file kind {other}"),
+                ));
             }
         };
         let store = match bytes[9] {
@@ -90,14 +96,20 @@ impl Header {
             1 => Some(StoreKind::Memory),
             2 => Some(StoreKind::RocksDb),
             other => {
-                return Err(StateError::corrupt(file, format!("unknown store kind {other}")));
+                return Err(StateError::corrupt(
+                    file,
+                    format!("unknown store kind {other}"),
+                ));
             }
         };
         let parent = match bytes[18] {
             0 => None,
             1 => Some(le_u64(&bytes[19..27])),
             other => {
-                return Err(StateError::corrupt(file, format!("bad parent flag {other}")));
+                return Err(StateError::corrupt(
+                    file,
+                    format!("bad parent flag {other}"),
+                ));
             }
         };
         Ok(Self {
@@ -248,9 +260,8 @@ impl RecordFile {
         }
         let count = le_u64(&data[trailer + 1..trailer + 9]);
         let rows_total = le_u64(&data[trailer + 9..trailer + 17]);
-        let found = Records::new(&data[HEADER_LEN..trailer], file).try_fold(0u64, |n, r| {
-            r.map(|_| n + 1)
-        })?;
+        let found = Records::new(&data[HEADER_LEN..trailer], file)
+            .try_fold(0u64, |n, r| r.map(|_| n + 1))?;
         if found != count {
             return Err(StateError::corrupt(
                 file,
@@ -408,7 +419,10 @@ mod tests {
             let mut bad = whole.clone();
             bad[at] ^= 0x10;
             std::fs::write(&path, &bad).unwrap();
-            assert!(RecordFile::read(&path, FileKind::Changelog).is_err(), "flip at {at}");
+            assert!(
+                RecordFile::read(&path, FileKind::Changelog).is_err(),
+                "flip at {at}"
+            );
         }
     }
 

@@ -100,7 +100,9 @@ fn reopened_store_recovers_every_retained_version() {
             let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
             store.load(None).unwrap();
             for v in 0..10u64 {
-                store.put(format!("k{v}").as_bytes(), &v.to_le_bytes()).unwrap();
+                store
+                    .put(format!("k{v}").as_bytes(), &v.to_le_bytes())
+                    .unwrap();
                 if v >= 2 {
                     store.delete(format!("k{}", v - 2).as_bytes()).unwrap();
                 }

@@ -5,9 +5,9 @@
 //! a replayed batch sees exactly the watermark it saw the first time.
 //! Milliseconds, as in Spark, although timestamps are microseconds.
 
-use arrow_array::{Array, RecordBatch};
 use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, TimeUnit};
 
 /// A watermark could not be computed.
@@ -74,11 +74,16 @@ impl Watermark {
     pub fn observe(&self, batches: &[RecordBatch]) -> Option<EventTimeRange> {
         let mut range: Option<EventTimeRange> = None;
         for batch in batches {
-            let times = batch.column(self.index).as_primitive::<TimestampMicrosecondType>();
+            let times = batch
+                .column(self.index)
+                .as_primitive::<TimestampMicrosecondType>();
             let mut fold = |v: i64| {
                 let ms = v.div_euclid(1000);
                 range = Some(match range {
-                    None => EventTimeRange { min_ms: ms, max_ms: ms },
+                    None => EventTimeRange {
+                        min_ms: ms,
+                        max_ms: ms,
+                    },
                     Some(r) => EventTimeRange {
                         min_ms: r.min_ms.min(ms),
                         max_ms: r.max_ms.max(ms),
@@ -87,9 +92,7 @@ impl Watermark {
             };
             match times.nulls().filter(|n| n.null_count() > 0) {
                 None => times.values().iter().for_each(|&v| fold(v)),
-                Some(nulls) => nulls
-                    .valid_indices()
-                    .for_each(|i| fold(times.values()[i])),
+                Some(nulls) => nulls.valid_indices().for_each(|i| fold(times.values()[i])),
             }
         }
         range
@@ -116,7 +119,11 @@ mod tests {
     fn batch(values: Vec<Option<i64>>) -> RecordBatch {
         let array = TimestampMicrosecondArray::from(values).with_timezone("+00:00");
         RecordBatch::try_new(
-            Arc::new(Schema::new(vec![Field::new("t", array.data_type().clone(), true)])),
+            Arc::new(Schema::new(vec![Field::new(
+                "t",
+                array.data_type().clone(),
+                true,
+            )])),
             vec![Arc::new(array)],
         )
         .expect("valid batch")
@@ -127,7 +134,13 @@ mod tests {
         let b = batch(vec![Some(60_000_999), None, Some(1_000)]);
         let w = Watermark::new("t", 10_000, &b.schema()).expect("timestamp column");
         let range = w.observe(&[b]);
-        assert_eq!(range, Some(EventTimeRange { min_ms: 1, max_ms: 60_000 }));
+        assert_eq!(
+            range,
+            Some(EventTimeRange {
+                min_ms: 1,
+                max_ms: 60_000
+            })
+        );
         assert_eq!(w.next(0, range), 50_000);
         assert_eq!(w.next(55_000, range), 55_000, "never decreases");
         assert_eq!(w.next(7, None), 7, "no data, no change");
@@ -143,6 +156,9 @@ mod tests {
         ));
         let s = Schema::new(vec![Field::new("t", DataType::Int64, true)]);
         let err = Watermark::new("t", 0, &s).expect_err("not a timestamp");
-        assert_eq!(err.to_string(), "watermark column \"t\" is Int64, not TIMESTAMP");
+        assert_eq!(
+            err.to_string(),
+            "watermark column \"t\" is Int64, not TIMESTAMP"
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! `bad-output`, `error`, `retryable`, `random`.
 
 use serde::Deserialize;
-use weir_plugin_sdk::{Batch, BatchInfo, Bitmap, Column, Output, PluginError, Schema, Selection, Transform};
+use weir_plugin_sdk::{
+    Batch, BatchInfo, Bitmap, Column, Output, PluginError, Schema, Selection, Transform,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,7 +36,16 @@ impl Transform for Hostile {
 
     fn new(config: Config, input: &Schema) -> Result<Self, PluginError> {
         let known = [
-            "ok", "trap", "loop", "alloc", "read-file", "connect", "bad-output", "error", "retryable", "random",
+            "ok",
+            "trap",
+            "loop",
+            "alloc",
+            "read-file",
+            "connect",
+            "bad-output",
+            "error",
+            "retryable",
+            "random",
         ];
         if !known.contains(&config.mode.as_str()) {
             return Err(PluginError::invalid_config(format!(
@@ -43,7 +54,9 @@ impl Transform for Hostile {
             )));
         }
         if config.mode == "random" && input.index_of("random").is_some() {
-            return Err(PluginError::invalid_input("the input already has a column `random`"));
+            return Err(PluginError::invalid_input(
+                "the input already has a column `random`",
+            ));
         }
         Ok(Self { config })
     }
@@ -61,11 +74,16 @@ impl Transform for Hostile {
             return Ok(Output::unchanged());
         }
         match self.config.mode.as_str() {
-            "trap" => panic!("hostile plugin: panicking on purpose in batch {}", info.batch_id),
+            "trap" => panic!(
+                "hostile plugin: panicking on purpose in batch {}",
+                info.batch_id
+            ),
             "loop" => {
                 let mut x: u64 = info.batch_id;
                 loop {
-                    x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                    x = std::hint::black_box(
+                        x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                    );
                 }
             }
             "alloc" => {
@@ -78,7 +96,10 @@ impl Transform for Hostile {
             "read-file" => {
                 let file = self.config.file.as_deref().unwrap_or("/etc/passwd");
                 match std::fs::read_to_string(file) {
-                    Ok(text) => Err(PluginError::fatal(format!("read {file}: got {} bytes", text.len()))),
+                    Ok(text) => Err(PluginError::fatal(format!(
+                        "read {file}: got {} bytes",
+                        text.len()
+                    ))),
                     Err(e) => Err(PluginError::fatal(format!("cannot read {file}: {e}"))),
                 }
             }
@@ -86,21 +107,31 @@ impl Transform for Hostile {
                 let address = self.config.address.as_deref().unwrap_or("127.0.0.1:9");
                 match std::net::TcpStream::connect(address) {
                     Ok(_) => Err(PluginError::fatal(format!("connected to {address}"))),
-                    Err(e) => Err(PluginError::fatal(format!("cannot connect to {address}: {e}"))),
+                    Err(e) => Err(PluginError::fatal(format!(
+                        "cannot connect to {address}: {e}"
+                    ))),
                 }
             }
             "bad-output" => {
                 // One value too few for the batch.
                 let rows = batch.num_rows().saturating_sub(1);
-                Ok(Output::edit().set_column(Column::int64("order_id", vec![0; rows], None)).into())
+                Ok(Output::edit()
+                    .set_column(Column::int64("order_id", vec![0; rows], None))
+                    .into())
             }
             "error" => Err(PluginError::fatal("hostile plugin: refusing this batch").at_row(3)),
             "retryable" => Err(PluginError::retryable("hostile plugin: try again later")),
             "random" => {
-                let values = (0..batch.num_rows()).map(|_| weir_plugin_sdk::random_u64() as i64).collect();
-                Ok(Output::edit().set_column(Column::int64("random", values, None)).into())
+                let values = (0..batch.num_rows())
+                    .map(|_| weir_plugin_sdk::random_u64() as i64)
+                    .collect();
+                Ok(Output::edit()
+                    .set_column(Column::int64("random", values, None))
+                    .into())
             }
-            _ => Ok(Output::keep(Selection::mask(Bitmap::new_set(batch.num_rows())))),
+            _ => Ok(Output::keep(Selection::mask(Bitmap::new_set(
+                batch.num_rows(),
+            )))),
         }
     }
 }
