@@ -199,7 +199,10 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
     let ws = Workspace::new(3, 40)?;
     let text = revenue("idle", true, "", r#"["status"]"#)
         .replace("trigger = \"available-now\"\n", "")
-        .replace("delay = \"10 minutes\"", "delay = \"10 minutes\"\nidle_timeout = \"1 minute\"");
+        .replace(
+            "delay = \"10 minutes\"",
+            "delay = \"10 minutes\"\nidle_timeout = \"1 minute\"",
+        );
     let spec = weir_host::spec::parse(&text, ws.path(), "test.toml", &[])
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // The clock stands far after every event time of the data.
@@ -221,19 +224,30 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
     let wait_for = |what: &str, done: &dyn Fn() -> bool| -> Result<()> {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !done() {
-            anyhow::ensure!(std::time::Instant::now() < until, "timed out waiting for {what}");
+            anyhow::ensure!(
+                std::time::Instant::now() < until,
+                "timed out waiting for {what}"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         Ok(())
     };
-    let committed = |checkpoint: &Path| weir_tests::log_ids(&checkpoint.join("commits")).unwrap_or_default();
+    let committed =
+        |checkpoint: &Path| weir_tests::log_ids(&checkpoint.join("commits")).unwrap_or_default();
     // The three files, then the no-data batch their watermark asks for.
     wait_for("the data batches", &|| committed(&checkpoint).len() >= 4)?;
     std::thread::sleep(std::time::Duration::from_millis(300));
     let before = committed(&checkpoint);
-    assert_eq!(before.len(), 4, "nothing more runs while the clock stands still: {before:?}");
+    assert_eq!(
+        before.len(),
+        4,
+        "nothing more runs while the clock stands still: {before:?}"
+    );
     let held = state_rows(&checkpoint)?;
-    assert!(held.last().is_some_and(|&n| n > 0), "windows wait for the watermark: {held:?}");
+    assert!(
+        held.last().is_some_and(|&n| n > 0),
+        "windows wait for the watermark: {held:?}"
+    );
 
     // Not yet idle for a minute: nothing happens.
     clock.0.store(t0 + 59_000, Ordering::SeqCst);
@@ -243,12 +257,20 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
     // Idle for a minute: the watermark jumps to clock − delay, one batch runs
     // and emits and evicts every window.
     clock.0.store(t0 + 60_000, Ordering::SeqCst);
-    wait_for("the idle batch", &|| committed(&checkpoint).len() > before.len())?;
+    wait_for("the idle batch", &|| {
+        committed(&checkpoint).len() > before.len()
+    })?;
     stop.store(true, Ordering::SeqCst);
-    let summary = runner.join().map_err(|_| anyhow::anyhow!("query thread panicked"))??;
+    let summary = runner
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))??;
     let last = *committed(&checkpoint).last().unwrap_or(&0);
     assert_eq!(offsets_watermark(&checkpoint, last)?, t0 + 60_000 - 600_000);
-    assert_eq!(state_rows(&checkpoint)?.last(), Some(&0), "every window emitted");
+    assert_eq!(
+        state_rows(&checkpoint)?.last(),
+        Some(&0),
+        "every window emitted"
+    );
     assert!(summary.output_rows > 0);
     Ok(())
 }

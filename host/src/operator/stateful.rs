@@ -28,7 +28,9 @@ pub struct OperatorMetrics {
     pub num_rows_updated: u64,
     pub num_rows_removed: u64,
     pub memory_used_bytes: u64,
-    /// Dropped late INPUT rows (Spark counts partial aggregates here).
+    /// Rows dropped as late, as Spark counts them: input rows for
+    /// deduplication, partial aggregates (one per window and key in the
+    /// batch) for aggregations.
     pub num_rows_dropped_by_watermark: u64,
     pub commit_time_ms: u64,
     pub num_state_store_instances: u64,

@@ -751,7 +751,7 @@ fn overrides_change_keys_before_validation() {
         vec![
             ("--set source.refunds.path".into(), "no [[source]] named \"refunds\" (known: orders)".into()),
             ("--set trigger".into(), "expected KEY=VALUE, e.g. --set source.orders.path=data/in".into()),
-            ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries)".into()),
+            ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries, state_store, state_partitions, watermark_policy)".into()),
             ("query.trigger".into(), "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\"".into()),
         ] as Vec<(String, String)>
     );

@@ -47,10 +47,10 @@ pub(super) fn scan_dir(dir: &Path) -> Result<FileIndex, StateError> {
             if let Ok(v) = v.parse::<u64>() {
                 index.changelogs.insert(v);
             }
-        } else if let Some(v) = name.strip_prefix("snapshot-") {
-            if let Ok(v) = v.parse::<u64>() {
-                index.snapshots.insert(v);
-            }
+        } else if let Some(v) = name.strip_prefix("snapshot-")
+            && let Ok(v) = v.parse::<u64>()
+        {
+            index.snapshots.insert(v);
         }
     }
     Ok(index)

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use super::files::{self, SNAPSHOT_META};
 use super::record::{FileKind, Header, RecordFile, RecordWriter};
-use super::{Backend, StateError, StoreKind};
+use super::{Backend, ScanFn, StateError, StoreKind};
 
 /// The dump file inside a memory snapshot directory.
 const DUMP_FILE: &str = "state.dump";
@@ -41,12 +41,7 @@ impl Backend for MemoryBackend {
         Ok(self.map.contains_key(key))
     }
 
-    fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError>,
-    ) -> Result<(), StateError> {
+    fn scan(&self, start: &[u8], end: Option<&[u8]>, f: &mut ScanFn<'_>) -> Result<(), StateError> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         for (k, v) in self.map.range::<[u8], _>((Bound::Included(start), upper)) {
             if !f(k, v)? {

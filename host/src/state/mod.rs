@@ -33,6 +33,9 @@ use std::time::Instant;
 use files::{FileIndex, SNAPSHOT_META, TMP_PREFIX};
 use record::{FileKind, Header, RecordFile, RecordWriter};
 
+/// What [`StateStore::scan`] calls with each entry; returning false stops the scan.
+pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError> + 'a;
+
 /// Which backend holds a store's entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -131,12 +134,7 @@ trait Backend: Send + std::fmt::Debug {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
     fn contains(&self, key: &[u8]) -> Result<bool, StateError>;
     /// Entries with `start <= key < end` in key order until `f` returns false.
-    fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError>,
-    ) -> Result<(), StateError>;
+    fn scan(&self, start: &[u8], end: Option<&[u8]>, f: &mut ScanFn<'_>) -> Result<(), StateError>;
     #[allow(dead_code)]
     fn exist(&self, keys: &[&[u8]]) -> Result<Vec<bool>, StateError>;
     /// Applies puts (`Some`) and deletes (`None`) in order.
@@ -468,7 +466,7 @@ impl StateStore {
         &self,
         start: &[u8],
         end: Option<&[u8]>,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError>,
+        f: &mut ScanFn<'_>,
     ) -> Result<(), StateError> {
         self.ensure_ready();
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);

@@ -13,7 +13,7 @@ use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{BlockBasedOptions, DB, Options, ReadOptions, WriteBatch, WriteOptions};
 
 use super::files::{self, SNAPSHOT_META};
-use super::{Backend, StateError};
+use super::{Backend, ScanFn, StateError};
 
 /// Memtable size: large enough that a batch's writes rarely flush mid-batch,
 /// small enough to keep many partitions in a few hundred MB.
@@ -95,12 +95,7 @@ impl Backend for RocksBackend {
             .map_err(|e| self.err(e))
     }
 
-    fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError>,
-    ) -> Result<(), StateError> {
+    fn scan(&self, start: &[u8], end: Option<&[u8]>, f: &mut ScanFn<'_>) -> Result<(), StateError> {
         let db = self.db()?;
         let mut read = ReadOptions::default();
         if let Some(end) = end {

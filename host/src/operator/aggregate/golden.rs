@@ -24,23 +24,37 @@ const BASE: i64 = 1_709_251_200_000_000;
 
 /// The input, one file (micro-batch) per line: (key, minute, amount).
 const INPUT: [&[(&str, f64, i64)]; 5] = [
-    &[("a", 0.0, 100), ("a", 3.0, 100), ("b", 1.0, 100), ("a", 20.0, 100)],
+    &[
+        ("a", 0.0, 100),
+        ("a", 3.0, 100),
+        ("b", 1.0, 100),
+        ("a", 20.0, 100),
+    ],
     &[("a", 8.0, 1), ("a", 10.0, 1), ("b", 30.0, 1)],
-    &[("a", 15.0, 7), ("a", 2.0, 7), ("b", 4.0, 7), ("a", 40.0, 7), ("b", 4.5, 7)],
+    &[
+        ("a", 15.0, 7),
+        ("a", 2.0, 7),
+        ("b", 4.0, 7),
+        ("a", 40.0, 7),
+        ("b", 4.5, 7),
+    ],
     &[("b", 45.0, 3), ("a", 33.0, 3), ("a", 36.0, 3)],
     &[("a", 70.0, 5), ("b", 44.0, 5)],
 ];
+
+/// (batch, watermark minute (None: 1970), numRowsTotal, numRowsUpdated,
+/// numRowsRemoved, numRowsDroppedByWatermark).
+type Progress = (u64, Option<i64>, u64, u64, u64, u64);
+/// (batch, window start minute, window end minute, k, count(*), sum(amount)).
+type Emitted = (u64, i64, i64, &'static str, i64, i64);
 
 struct Case {
     name: &'static str,
     spec: WindowSpec,
     mode: AggOutputMode,
     operator: &'static str,
-    /// (batch, window start minute, window end minute, k, count(*), sum(amount)).
-    out: &'static [(u64, i64, i64, &'static str, i64, i64)],
-    /// (batch, watermark minute (None: 1970), numRowsTotal, numRowsUpdated,
-    /// numRowsRemoved, numRowsDroppedByWatermark).
-    progress: &'static [(u64, Option<i64>, u64, u64, u64, u64)],
+    out: &'static [Emitted],
+    progress: &'static [Progress],
 }
 
 const CASES: [Case; 4] = [
@@ -104,7 +118,10 @@ const CASES: [Case; 4] = [
     },
     Case {
         name: "sliding_update",
-        spec: WindowSpec::Sliding { size_ms: 10 * MIN_MS, slide_ms: 5 * MIN_MS },
+        spec: WindowSpec::Sliding {
+            size_ms: 10 * MIN_MS,
+            slide_ms: 5 * MIN_MS,
+        },
         mode: AggOutputMode::Update,
         operator: "stateStoreSave",
         out: &[
@@ -144,7 +161,9 @@ const CASES: [Case; 4] = [
     },
     Case {
         name: "tumbling_append",
-        spec: WindowSpec::Tumbling { size_ms: 5 * MIN_MS },
+        spec: WindowSpec::Tumbling {
+            size_ms: 5 * MIN_MS,
+        },
         mode: AggOutputMode::Append,
         operator: "stateStoreSave",
         out: &[
@@ -169,7 +188,7 @@ const CASES: [Case; 4] = [
             (4, Some(35), 5, 2, 2, 0),
             (5, Some(60), 1, 0, 4, 0),
         ],
-    }
+    },
 ];
 
 fn schema() -> SchemaRef {
@@ -197,7 +216,9 @@ fn input(rows: &[(&str, f64, i64)]) -> RecordBatch {
             )
             .with_timezone("+00:00"),
         ),
-        Arc::new(Int64Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())),
+        Arc::new(Int64Array::from(
+            rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+        )),
     ];
     RecordBatch::try_new(schema(), columns).expect("valid batch")
 }
