@@ -86,10 +86,9 @@ impl Backend for RocksBackend {
     }
 
     fn contains(&self, key: &[u8]) -> Result<bool, StateError> {
+        // One lookup: `key_may_exist` would search memtables and filters
+        // once more for every key that is present.
         let db = self.db()?;
-        if !db.key_may_exist(key) {
-            return Ok(false);
-        }
         db.get_pinned(key)
             .map(|v| v.is_some())
             .map_err(|e| self.err(e))
