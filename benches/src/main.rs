@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         Some("stateful") => stateful::stateful(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {
@@ -277,9 +277,15 @@ fn startup(exe: &Path, work: &Path, cache: &Path) -> Result<Duration> {
     first.context("the query never started a batch")
 }
 
+/// The median; of an even count, the mean of the middle two.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let mid = v.len() / 2;
+    if v.len() % 2 == 0 && mid > 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
 
 /// The benchmark's filter done natively with Arrow kernels, for the ratio.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 mod fingerprint;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::decode::{self, DecodeError, Decoder, DecoderOptions};
+use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
@@ -38,10 +38,10 @@ use crate::plugin::{
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
-use crate::source::{FileEntry, FilesSource, SourceError};
-use crate::spec::{self, OutputMode, Pipeline, SinkSpec, SourceKind, Trigger};
+use crate::source::{self as sources, Source, SourceBatch, SourceError};
+use crate::spec::{self, OutputMode, Pipeline, SinkSpec, Trigger, WatermarkPolicy};
 use crate::state::{StateError, StateOptions, StoreKind};
-use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
+use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -163,6 +163,10 @@ pub struct OffsetEntry {
 pub struct SourceOffset {
     pub name: String,
     pub log_offset: u64,
+    /// This input's own watermark going into the batch (with a `[watermark]`),
+    /// from which the query's is combined by `query.watermark_policy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<i64>,
 }
 
 /// `commits/N`: batch N finished.
@@ -170,6 +174,9 @@ pub struct SourceOffset {
 #[serde(rename_all = "camelCase")]
 pub struct CommitEntry {
     pub next_batch_watermark_ms: i64,
+    /// Each input's watermark for the next batch, in source order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next_source_watermarks_ms: Vec<i64>,
 }
 
 /// What a run did.
@@ -188,8 +195,8 @@ pub struct Query {
     pipeline: Pipeline,
     checkpoint: Checkpoint,
     run_id: String,
-    source: FilesSource,
-    dead_letter: Option<PathBuf>,
+    /// The query's inputs, unioned; index i owns `sources/<i>/`.
+    sources: Vec<Box<dyn Source>>,
     transforms: Vec<Box<dyn BatchTransform>>,
     watermark: Option<Watermark>,
     stateful: Option<Box<dyn StatefulOperator>>,
@@ -197,6 +204,8 @@ pub struct Query {
     last_watermark_ms: i64,
     /// wm for the next batch to plan.
     next_watermark_ms: i64,
+    /// Each input's watermark for the next batch to plan.
+    source_watermarks_ms: Vec<i64>,
     sink: Box<dyn Sink>,
     output_schema: SchemaRef,
     /// A planned batch without a commit, to run again first.
@@ -204,8 +213,8 @@ pub struct Query {
     next_batch: u64,
     options: QueryOptions,
     last_trigger: Option<Instant>,
-    /// Clock time of the last batch that had input (for the idle timeout).
-    last_input_ms: i64,
+    /// Per input: clock time it last had data (for the idle timeout).
+    last_input_ms: Vec<i64>,
     summary: RunSummary,
 }
 
@@ -245,43 +254,26 @@ impl Query {
             Some(n) => (Some(n), n + 1),
         };
 
-        let source_spec = &pipeline.sources[0];
-        let SourceKind::Files(files) = &source_spec.kind;
-        let decoder = Decoder::new(
-            Arc::clone(&files.schema),
-            DecoderOptions {
-                format: match &files.format {
-                    spec::InputFormat::Json => decode::Format::JsonLines,
-                    spec::InputFormat::Csv { header, delimiter } => {
-                        decode::Format::Csv(decode::CsvOptions {
-                            header: *header,
-                            delimiter: *delimiter,
-                            quote: b'"',
-                        })
-                    }
-                },
-                policy: match files.on_malformed {
-                    spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
-                    spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
-                    spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
-                    spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
-                },
-                batch_size: 65_536,
-            },
-        )
-        .map_err(|error| QueryError::Decoder {
-            source_name: source_spec.name.clone(),
-            error,
-        })?;
-        let source = FilesSource::open(
-            source_spec.name.clone(),
-            0,
-            files.path.clone(),
-            files.max_files_per_trigger,
-            decoder,
-            &checkpoint,
-            last_planned,
-        )?;
+        let mut sources = Vec::with_capacity(pipeline.sources.len());
+        for (index, spec) in pipeline.sources.iter().enumerate() {
+            sources.push(sources::open(spec, index, &checkpoint, last_planned)?);
+        }
+        // The inputs are unioned: every one must bring the same columns.
+        let first = &sources[0];
+        for other in &sources[1..] {
+            if other.schema() != first.schema() {
+                return Err(QueryError::Invalid {
+                    query: pipeline.query.name.clone(),
+                    message: format!(
+                        "sources {} and {} have different schemas ({} vs {}); the sources of a query are unioned and must produce the same columns",
+                        first.name(),
+                        other.name(),
+                        schema_text(first.schema()),
+                        schema_text(other.schema()),
+                    ),
+                });
+            }
+        }
 
         let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
@@ -289,7 +281,7 @@ impl Query {
             cache_dir: options.cache_dir.clone(),
             fuel,
         })?;
-        let mut schema = Arc::clone(source.schema());
+        let mut schema = Arc::clone(sources[0].schema());
         let mut transforms: Vec<Box<dyn BatchTransform>> = Vec::new();
         for t in &pipeline.transforms {
             let loaded = engine.load(&t.name, &t.plugin)?;
@@ -364,14 +356,27 @@ impl Query {
         // Where the watermark stands (§3.1): the last planned batch's, and
         // the one its commit computed for the next batch.
         let (mut last_watermark_ms, mut next_watermark_ms) = (0, 0);
+        let mut source_watermarks_ms = vec![0; sources.len()];
         if let Some(n) = last_planned {
             let entry: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
-            let wm = entry.map_or(0, |e| e.batch_watermark_ms);
+            let wm = entry.as_ref().map_or(0, |e| e.batch_watermark_ms);
             last_watermark_ms = wm;
             next_watermark_ms = wm;
+            source_watermarks_ms = entry.map_or_else(
+                || vec![0; sources.len()],
+                |e| per_source_watermarks(&e, sources.len()),
+            );
             if pending.is_none() {
                 let commit: Option<CommitEntry> = checkpoint.commits().get(n)?;
-                next_watermark_ms = commit.map_or(wm, |c| c.next_batch_watermark_ms);
+                if let Some(c) = commit {
+                    next_watermark_ms = c.next_batch_watermark_ms;
+                    if c.next_source_watermarks_ms.len() == sources.len() {
+                        source_watermarks_ms = c.next_source_watermarks_ms;
+                    } else {
+                        // Written before per-input watermarks were kept.
+                        source_watermarks_ms = vec![next_watermark_ms; sources.len()];
+                    }
+                }
             } else if n > 0 {
                 let previous: Option<OffsetEntry> = checkpoint.offsets().get(n - 1)?;
                 last_watermark_ms = previous.map_or(0, |e| e.batch_watermark_ms);
@@ -425,7 +430,6 @@ impl Query {
                 Box::new(PluginSink::new(plugin))
             }
         };
-        let dead_letter = files.dead_letter_path.clone();
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
@@ -437,20 +441,20 @@ impl Query {
             pipeline,
             run_id: uuid::Uuid::new_v4().to_string(),
             checkpoint,
-            source,
-            dead_letter,
+            last_input_ms: vec![started_ms; sources.len()],
+            sources,
             transforms,
             watermark,
             stateful,
             last_watermark_ms,
             next_watermark_ms,
+            source_watermarks_ms,
             sink,
             output_schema: schema,
             pending,
             next_batch,
             options,
             last_trigger: None,
-            last_input_ms: started_ms,
             summary: RunSummary::default(),
         })
     }
@@ -482,26 +486,23 @@ impl Query {
         match self.pipeline.query.trigger {
             Trigger::AvailableNow => {
                 // Spark's availableNow: what is there at start, in as many
-                // batches as the rate limit gives, then stop.
-                let mut remaining = self.source.list_new()?;
-                while !remaining.is_empty() && !self.stopped() {
-                    let files = self.source.take(&remaining, false);
-                    remaining.drain(..files.len());
-                    self.plan_and_run(files)?;
+                // batches as the rate limits give, then stop.
+                for source in &mut self.sources {
+                    source.freeze_available()?;
+                }
+                while !self.stopped() && self.poll(false)? > 0 {
+                    self.plan_and_run()?;
                 }
                 // Then, like Spark, one batch without data if the watermark
                 // moved, so that what it passed is emitted.
                 if !self.stopped() && self.wants_no_data_batch() {
-                    self.plan_and_run(Vec::new())?;
+                    self.poll(false)?;
+                    self.plan_and_run()?;
                 }
             }
             Trigger::Once => {
-                if self.summary.batches == 0 {
-                    let all = self.source.list_new()?;
-                    if !all.is_empty() {
-                        let files = self.source.take(&all, true);
-                        self.plan_and_run(files)?;
-                    }
+                if self.summary.batches == 0 && self.poll(true)? > 0 {
+                    self.plan_and_run()?;
                 }
             }
             Trigger::ProcessingTime(interval) => {
@@ -522,48 +523,64 @@ impl Query {
         Ok(self.summary.clone())
     }
 
-    /// One trigger of a long-running query: a batch of new files, or a
+    /// One trigger of a long-running query: a batch of new input, or a
     /// no-data batch when the watermark moved. Whether a batch ran.
     fn trigger_once(&mut self) -> Result<bool, QueryError> {
-        let files = self.source.take(&self.source.list_new()?, false);
-        if !files.is_empty() {
-            self.last_input_ms = self.options.clock.now_ms();
-            self.plan_and_run(files)?;
-            return Ok(true);
-        }
-        self.advance_idle_watermark();
-        if self.wants_no_data_batch() {
-            self.plan_and_run(Vec::new())?;
+        if self.poll(false)? > 0 || self.wants_no_data_batch() {
+            self.plan_and_run()?;
             return Ok(true);
         }
         Ok(false)
     }
 
+    /// Stages the next batch's input of every source and returns how much
+    /// was staged in all; applies the idle timeout to the inputs without data.
+    fn poll(&mut self, unlimited: bool) -> Result<u64, QueryError> {
+        let now = self.options.clock.now_ms();
+        let mut total = 0;
+        for i in 0..self.sources.len() {
+            let staged = self.sources[i].poll(unlimited)?;
+            if staged > 0 {
+                self.last_input_ms[i] = now;
+            } else {
+                self.advance_idle_watermark(i, now);
+            }
+            total += staged;
+        }
+        Ok(total)
+    }
+
     /// The opt-in idle timeout (`[watermark] idle_timeout`): an input without
-    /// data for that long no longer holds the watermark back; it advances as
-    /// if event time kept pace with the clock (clock − delay). The value
-    /// goes into the next batch's offsets entry, so a replay sees it.
-    fn advance_idle_watermark(&mut self) {
+    /// data for that long no longer holds the watermark back; its watermark
+    /// advances as if event time kept pace with the clock (clock − delay).
+    /// The values go into the next batch's offsets entry, so a replay sees them.
+    fn advance_idle_watermark(&mut self, input: usize, now: i64) {
         let Some(spec) = &self.pipeline.watermark else {
             return;
         };
         let Some(idle) = spec.idle_timeout else {
             return;
         };
-        let now = self.options.clock.now_ms();
-        if now.saturating_sub(self.last_input_ms) < millis_i64(idle) {
+        let idle_ms = now.saturating_sub(self.last_input_ms[input]);
+        if idle_ms < millis_i64(idle) {
             return;
         }
         let candidate = now.saturating_sub(millis_i64(spec.delay));
-        if candidate > self.next_watermark_ms {
+        if candidate > self.source_watermarks_ms[input] {
+            self.source_watermarks_ms[input] = candidate;
+            let combined = watermark::combine(
+                self.next_watermark_ms,
+                &self.source_watermarks_ms,
+                self.pipeline.query.watermark_policy == WatermarkPolicy::Max,
+            );
             tracing::info!(
                 query = %self.pipeline.query.name,
-                idle_ms = now.saturating_sub(self.last_input_ms),
-                "source {} is idle: the watermark advances to {}",
-                self.source.name(),
+                idle_ms,
+                "source {} is idle: its watermark advances to {}",
+                self.sources[input].name(),
                 progress::rfc3339_ms(candidate)
             );
-            self.next_watermark_ms = candidate;
+            self.next_watermark_ms = combined;
         }
     }
 
@@ -588,21 +605,27 @@ impl Query {
         }
     }
 
-    /// Plans the next batch over `files` (durably) and runs it.
-    fn plan_and_run(&mut self, files: Vec<FileEntry>) -> Result<(), QueryError> {
+    /// Plans the next batch over what the sources staged (durably) and runs it.
+    fn plan_and_run(&mut self) -> Result<(), QueryError> {
         let n = self.next_batch;
         let started = Instant::now();
-        self.source.record(&self.checkpoint, n, &files)?;
+        let mut offsets = Vec::with_capacity(self.sources.len());
+        let with_watermark = self.watermark.is_some();
+        for (i, source) in self.sources.iter_mut().enumerate() {
+            source.record(&self.checkpoint, n)?;
+            offsets.push(SourceOffset {
+                name: source.name().to_owned(),
+                log_offset: n,
+                watermark_ms: with_watermark.then(|| self.source_watermarks_ms[i]),
+            });
+        }
         self.checkpoint.offsets().put(
             n,
             &OffsetEntry {
                 batch_watermark_ms: self.next_watermark_ms,
                 late_row_watermark_ms: self.last_watermark_ms,
                 batch_timestamp_ms: self.options.clock.now_ms(),
-                sources: vec![SourceOffset {
-                    name: self.source.name().to_owned(),
-                    log_offset: n,
-                }],
+                sources: offsets,
             },
         )?;
         let wal_ms = millis(started.elapsed());
@@ -657,18 +680,36 @@ impl Query {
             Some(op) => Some(op.commit(n)?),
             None => None,
         };
-        let next_watermark_ms = match &self.watermark {
-            Some(w) => w.next(entry.batch_watermark_ms, outcome.event_time),
-            None => entry.batch_watermark_ms,
+        // Each input's watermark moves by its own event times; the query's
+        // is their combination (§3.1).
+        let (next_watermark_ms, next_source_watermarks_ms) = match &self.watermark {
+            Some(w) => {
+                let inputs: Vec<i64> = per_source_watermarks(&entry, self.sources.len())
+                    .into_iter()
+                    .zip(&outcome.sources)
+                    .map(|(wm, s)| w.next(wm, s.event_time))
+                    .collect();
+                let global = watermark::combine(
+                    entry.batch_watermark_ms,
+                    &inputs,
+                    self.pipeline.query.watermark_policy == WatermarkPolicy::Max,
+                );
+                (global, inputs)
+            }
+            None => (entry.batch_watermark_ms, Vec::new()),
         };
         self.checkpoint.commits().put(
             n,
             &CommitEntry {
                 next_batch_watermark_ms: next_watermark_ms,
+                next_source_watermarks_ms: next_source_watermarks_ms.clone(),
             },
         )?;
         self.last_watermark_ms = entry.batch_watermark_ms;
         self.next_watermark_ms = next_watermark_ms;
+        if !next_source_watermarks_ms.is_empty() {
+            self.source_watermarks_ms = next_source_watermarks_ms;
+        }
         if n >= BATCHES_TO_RETAIN {
             let keep_from = n + 1 - BATCHES_TO_RETAIN;
             self.checkpoint.offsets().purge_before(keep_from)?;
@@ -723,9 +764,6 @@ impl Query {
         duration_ms.insert("triggerExecution", total_ms);
         let input_rate = since_last.map_or(0.0, |d| progress::rate(outcome.input_rows, millis(d)));
         let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
-        let mut metrics = BTreeMap::new();
-        metrics.insert("numMalformedRows", outcome.malformed_rows.to_string());
-        metrics.insert("numFiles", outcome.files.to_string());
         let mut event_time = BTreeMap::new();
         if self.watermark.is_some() {
             event_time.insert("watermark", progress::rfc3339_ms(entry.batch_watermark_ms));
@@ -751,18 +789,24 @@ impl Query {
             duration_ms,
             event_time,
             state_operators,
-            sources: vec![SourceProgress {
-                description: self.source.description(),
-                start_offset: n
-                    .checked_sub(1)
-                    .map(|p| serde_json::json!({ "logOffset": p })),
-                end_offset: serde_json::json!({ "logOffset": n }),
-                latest_offset: serde_json::json!({ "logOffset": n }),
-                num_input_rows: outcome.input_rows,
-                input_rows_per_second: input_rate,
-                processed_rows_per_second: processed_rate,
-                metrics,
-            }],
+            sources: outcome
+                .sources
+                .iter()
+                .map(|src| {
+                    let rate =
+                        since_last.map_or(0.0, |d| progress::rate(src.input_rows, millis(d)));
+                    SourceProgress {
+                        description: src.description.clone(),
+                        start_offset: src.start_offset.clone(),
+                        end_offset: src.end_offset.clone(),
+                        latest_offset: src.latest_offset.clone(),
+                        num_input_rows: src.input_rows,
+                        input_rows_per_second: rate,
+                        processed_rows_per_second: progress::rate(src.input_rows, total_ms.max(1)),
+                        metrics: src.metrics.clone(),
+                    }
+                })
+                .collect(),
             sink: SinkProgress {
                 description: self.sink.description(),
                 num_output_rows: outcome.output_rows,
@@ -805,35 +849,61 @@ impl Query {
     /// its commit.
     fn execute(&mut self, info: &BatchInfo, entry: &OffsetEntry) -> Result<Outcome, QueryError> {
         let n = info.batch_id;
-        let get_started = Instant::now();
-        let files = self.source.planned(&self.checkpoint, n)?;
-        let decoded = self.source.read(n, &files)?;
-        if let Some(dir) = &self.dead_letter
-            && !decoded.malformed.is_empty()
-        {
-            decode::write_dead_letters(dir, n, &decoded.malformed).map_err(|error| {
-                QueryError::Decoder {
-                    source_name: self.source.name().to_owned(),
-                    error,
+        let mut outputs: Vec<RecordBatch> = Vec::new();
+        let mut per_source = Vec::with_capacity(self.sources.len());
+        let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
+        for source in &mut self.sources {
+            let get_started = Instant::now();
+            let read = source.read(&self.checkpoint, n)?;
+            let SourceBatch {
+                decoded,
+                start_offset,
+                end_offset,
+                latest_offset,
+                metrics,
+            } = read;
+            if let Some(dir) = source.dead_letter_dir()
+                && !decoded.malformed.is_empty()
+            {
+                decode::write_dead_letters(dir, n, &decoded.malformed).map_err(|error| {
+                    QueryError::Decoder {
+                        source_name: source.name().to_owned(),
+                        error,
+                    }
+                })?;
+            }
+            get_batch += get_started.elapsed();
+            let add_started = Instant::now();
+            let first_output = outputs.len();
+            for batch in decoded.batches {
+                let mut batch = batch;
+                for t in &mut self.transforms {
+                    if batch.num_rows() == 0 {
+                        break;
+                    }
+                    batch = t.process(&batch, info)?;
                 }
-            })?;
+                if batch.num_rows() > 0 {
+                    outputs.push(batch);
+                }
+            }
+            let event_time = self
+                .watermark
+                .as_ref()
+                .and_then(|w| w.observe(&outputs[first_output..]));
+            add_batch += add_started.elapsed();
+            per_source.push(SourceOutcome {
+                description: source.description(),
+                input_rows: decoded.num_input_rows,
+                malformed_rows: decoded.num_malformed,
+                event_time,
+                start_offset,
+                end_offset,
+                latest_offset,
+                metrics,
+            });
         }
-        let get_batch_ms = millis(get_started.elapsed());
         let add_started = Instant::now();
-        let mut outputs: Vec<RecordBatch> = Vec::with_capacity(decoded.batches.len());
-        for batch in decoded.batches {
-            let mut batch = batch;
-            for t in &mut self.transforms {
-                if batch.num_rows() == 0 {
-                    break;
-                }
-                batch = t.process(&batch, info)?;
-            }
-            if batch.num_rows() > 0 {
-                outputs.push(batch);
-            }
-        }
-        let event_time = self.watermark.as_ref().and_then(|w| w.observe(&outputs));
         if let Some(op) = &mut self.stateful {
             // Every attempt starts from the state the previous batch committed.
             op.load(n.checked_sub(1))?;
@@ -845,26 +915,70 @@ impl Query {
             outputs = op.process(&ctx, &outputs)?;
         }
         let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
+        add_batch += add_started.elapsed();
         Ok(Outcome {
-            files: files.len(),
-            input_rows: decoded.num_input_rows,
-            malformed_rows: decoded.num_malformed,
+            input_rows: per_source.iter().map(|s| s.input_rows).sum(),
+            malformed_rows: per_source.iter().map(|s| s.malformed_rows).sum(),
+            event_time: per_source
+                .iter()
+                .filter_map(|s| s.event_time)
+                .reduce(|a, b| EventTimeRange {
+                    min_ms: a.min_ms.min(b.min_ms),
+                    max_ms: a.max_ms.max(b.max_ms),
+                }),
+            sources: per_source,
             output_rows,
-            event_time,
-            get_batch_ms,
-            add_batch_ms: millis(add_started.elapsed()),
+            get_batch_ms: millis(get_batch),
+            add_batch_ms: millis(add_batch),
         })
     }
 }
 
 struct Outcome {
-    files: usize,
     input_rows: u64,
     malformed_rows: u64,
     output_rows: u64,
+    /// Over all inputs.
     event_time: Option<EventTimeRange>,
+    sources: Vec<SourceOutcome>,
     get_batch_ms: u64,
     add_batch_ms: u64,
+}
+
+/// What one input contributed to a batch.
+struct SourceOutcome {
+    description: String,
+    input_rows: u64,
+    malformed_rows: u64,
+    event_time: Option<EventTimeRange>,
+    start_offset: Option<serde_json::Value>,
+    end_offset: serde_json::Value,
+    latest_offset: serde_json::Value,
+    metrics: BTreeMap<&'static str, String>,
+}
+
+/// Each input's watermark going into the batch of `entry`; an entry written
+/// before per-input watermarks were kept gives every input the query's.
+fn per_source_watermarks(entry: &OffsetEntry, sources: usize) -> Vec<i64> {
+    let recorded: Vec<i64> = entry
+        .sources
+        .iter()
+        .filter_map(|s| s.watermark_ms)
+        .collect();
+    if recorded.len() == sources {
+        recorded
+    } else {
+        vec![entry.batch_watermark_ms; sources]
+    }
+}
+
+fn schema_text(schema: &SchemaRef) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn is_retryable(e: &QueryError) -> bool {

@@ -5,7 +5,7 @@
 //! so that a replay reads exactly the same files — and the same bytes: the
 //! size recorded then is what is read, even if a file grew since.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -13,6 +13,7 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
+use super::{Source, SourceBatch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{DecodeError, Decoded, Decoder};
 
@@ -78,6 +79,13 @@ pub struct FilesSource {
     max_files: Option<NonZeroUsize>,
     seen: HashSet<String>,
     decoder: Decoder,
+    dead_letter: Option<PathBuf>,
+    /// What the next batch takes, chosen by [`Source::poll`].
+    staged: Vec<FileEntry>,
+    /// Available-now: the files present when the trigger started.
+    frozen: Option<Vec<FileEntry>>,
+    /// Files present and not yet taken at the last poll (Spark's latestOffset, in files).
+    backlog: usize,
 }
 
 impl FilesSource {
@@ -88,12 +96,17 @@ impl FilesSource {
     ///
     /// # Errors
     /// When the source log cannot be read.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site (source::open); each is a distinct setting"
+    )]
     pub fn open(
         name: String,
         index: usize,
         dir: PathBuf,
         max_files: Option<NonZeroUsize>,
         decoder: Decoder,
+        dead_letter: Option<PathBuf>,
         checkpoint: &Checkpoint,
         last_planned: Option<u64>,
     ) -> Result<Self, SourceError> {
@@ -116,21 +129,11 @@ impl FilesSource {
             max_files,
             seen,
             decoder,
+            dead_letter,
+            staged: Vec::new(),
+            frozen: None,
+            backlog: 0,
         })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Spark's `sources[].description`.
-    pub fn description(&self) -> String {
-        format!("FileStreamSource[{}]", self.dir.display())
-    }
-
-    /// The decoded schema (with `_corrupt_record` under the permissive policy).
-    pub fn schema(&self) -> &arrow_schema::SchemaRef {
-        self.decoder.output_schema()
     }
 
     /// Files present and not yet taken, in the order batches take them.
@@ -180,36 +183,6 @@ impl FilesSource {
         Ok(files)
     }
 
-    /// Chooses the files of the next batch from `candidates` (from
-    /// [`Self::list_new`]), honouring `max_files_per_trigger` unless `unlimited`.
-    pub fn take(&self, candidates: &[FileEntry], unlimited: bool) -> Vec<FileEntry> {
-        let n = match (unlimited, self.max_files) {
-            (false, Some(max)) => max.get().min(candidates.len()),
-            _ => candidates.len(),
-        };
-        candidates[..n].to_vec()
-    }
-
-    /// Records the files of batch `batch_id` in the source log and marks them seen.
-    ///
-    /// # Errors
-    /// When the log entry cannot be written.
-    pub fn record(
-        &mut self,
-        checkpoint: &Checkpoint,
-        batch_id: u64,
-        files: &[FileEntry],
-    ) -> Result<(), SourceError> {
-        checkpoint.source_log(self.index).put(
-            batch_id,
-            &FilesLogEntry {
-                files: files.to_vec(),
-            },
-        )?;
-        self.seen.extend(files.iter().map(|f| f.name.clone()));
-        Ok(())
-    }
-
     /// The files batch `batch_id` took, from the source log.
     ///
     /// # Errors
@@ -227,16 +200,60 @@ impl FilesSource {
                 batch_id,
             })
     }
+}
 
-    /// Reads and decodes exactly the recorded bytes of `files`.
-    ///
-    /// # Errors
-    /// When a file cannot be read or shrank, or a record is malformed under
-    /// the `fail` policy.
-    pub fn read(&mut self, batch_id: u64, files: &[FileEntry]) -> Result<Decoded, SourceError> {
-        let mut out = Decoded::default();
+impl Source for FilesSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn description(&self) -> String {
+        format!("FileStreamSource[{}]", self.dir.display())
+    }
+
+    fn schema(&self) -> &arrow_schema::SchemaRef {
+        self.decoder.output_schema()
+    }
+
+    fn freeze_available(&mut self) -> Result<(), SourceError> {
+        self.frozen = Some(self.list_new()?);
+        Ok(())
+    }
+
+    fn poll(&mut self, unlimited: bool) -> Result<u64, SourceError> {
+        let candidates = match &mut self.frozen {
+            Some(frozen) => {
+                frozen.retain(|f| !self.seen.contains(&f.name));
+                frozen.clone()
+            }
+            None => self.list_new()?,
+        };
+        let n = match (unlimited, self.max_files) {
+            (false, Some(max)) => max.get().min(candidates.len()),
+            _ => candidates.len(),
+        };
+        self.backlog = candidates.len();
+        self.staged = candidates;
+        self.staged.truncate(n);
+        Ok(n as u64)
+    }
+
+    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<(), SourceError> {
+        let entry = FilesLogEntry {
+            files: std::mem::take(&mut self.staged),
+        };
+        checkpoint.source_log(self.index).put(batch_id, &entry)?;
+        // The entry is written: only now are its files taken.
+        self.backlog = self.backlog.saturating_sub(entry.files.len());
+        self.seen.extend(entry.files.into_iter().map(|f| f.name));
+        Ok(())
+    }
+
+    fn read(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<SourceBatch, SourceError> {
+        let files = self.planned(checkpoint, batch_id)?;
+        let mut decoded = Decoded::default();
         let mut buf = Vec::new();
-        for file in files {
+        for file in &files {
             let path = self.dir.join(&file.name);
             read_prefix(&path, file.size, &mut buf).map_err(|e| match e {
                 ReadError::Io(error) => SourceError::Read {
@@ -254,13 +271,29 @@ impl FilesSource {
             })?;
             let origin = path.display().to_string();
             self.decoder
-                .decode(&buf, &origin, &mut out)
+                .decode(&buf, &origin, &mut decoded)
                 .map_err(|error| SourceError::Decode {
                     source_name: self.name.clone(),
                     error,
                 })?;
         }
-        Ok(out)
+        let mut metrics = BTreeMap::new();
+        metrics.insert("numFiles", files.len().to_string());
+        metrics.insert("numMalformedRows", decoded.num_malformed.to_string());
+        metrics.insert("numFilesBehindLatest", self.backlog.to_string());
+        Ok(SourceBatch {
+            decoded,
+            start_offset: batch_id
+                .checked_sub(1)
+                .map(|p| serde_json::json!({ "logOffset": p })),
+            end_offset: serde_json::json!({ "logOffset": batch_id }),
+            latest_offset: serde_json::json!({ "logOffset": batch_id }),
+            metrics,
+        })
+    }
+
+    fn dead_letter_dir(&self) -> Option<&Path> {
+        self.dead_letter.as_deref()
     }
 }
 

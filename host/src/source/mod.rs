@@ -2,9 +2,149 @@
 //! will read, recorded in the checkpoint before anything runs) and later
 //! reads exactly that data, as often as a replay asks for it.
 //!
+//! Every source kind implements [`Source`], so the query loop is the same
+//! for all of them and a query may union several sources, each with its own
+//! log under `sources/<index>/` and its own event-time watermark.
+//!
 //! # Layout
 //! - `files`: a folder of JSON-lines or CSV files, new files each batch.
 
 pub mod files;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+
 pub use files::{FileEntry, FilesSource, SourceError};
+
+use crate::checkpoint::Checkpoint;
+use crate::decode::{self, Decoded, Decoder, DecoderOptions};
+use crate::spec::{self, SourceKind, SourceSpec};
+
+/// Rows per decoded batch.
+const DECODE_BATCH_ROWS: usize = 65_536;
+
+/// A stream of input, planned and read batch by batch.
+///
+/// The protocol, per batch N: [`Source::poll`] stages what N would read;
+/// the query decides whether N runs at all (some source staged input, or a
+/// no-data batch is due) and then calls [`Source::record`], which writes the
+/// staged input to the source's log *before* `offsets/N`; [`Source::read`]
+/// reads exactly what the log says, on the first run and on every replay.
+pub trait Source: Send {
+    /// The source's name in the pipeline file.
+    fn name(&self) -> &str;
+
+    /// Spark's `sources[].description`.
+    fn description(&self) -> String;
+
+    /// The schema of the rows [`Source::read`] returns.
+    fn schema(&self) -> &SchemaRef;
+
+    /// Available-now trigger: from now on, stage only what is available at
+    /// this moment, so that the query ends once that is processed.
+    ///
+    /// # Errors
+    /// When the source cannot be listed or asked for its latest offsets.
+    fn freeze_available(&mut self) -> Result<(), SourceError>;
+
+    /// Stages the input of the next batch (honouring the rate limit unless
+    /// `unlimited`) and returns how much was staged in the source's unit
+    /// (files, records); 0 when there is nothing new.
+    ///
+    /// # Errors
+    /// When the source cannot be listed or asked for its latest offsets.
+    fn poll(&mut self, unlimited: bool) -> Result<u64, SourceError>;
+
+    /// Writes the staged input (possibly nothing) to the source log as
+    /// batch `batch_id`, and moves past it.
+    ///
+    /// # Errors
+    /// When the log entry cannot be written.
+    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<(), SourceError>;
+
+    /// Reads and decodes exactly the input recorded for `batch_id`.
+    ///
+    /// # Errors
+    /// When the log entry is missing, the input cannot be read or has
+    /// changed, or a record is malformed under the `fail` policy.
+    fn read(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<SourceBatch, SourceError>;
+
+    /// Where a malformed record goes under `on_malformed = "dead-letter"`.
+    fn dead_letter_dir(&self) -> Option<&std::path::Path>;
+}
+
+/// What one source read for one batch.
+#[derive(Debug, Default)]
+pub struct SourceBatch {
+    pub decoded: Decoded,
+    /// Spark's `sources[].startOffset` (absent for the first batch).
+    pub start_offset: Option<serde_json::Value>,
+    /// Spark's `sources[].endOffset`.
+    pub end_offset: serde_json::Value,
+    /// Spark's `sources[].latestOffset`: the newest input known when planned.
+    pub latest_offset: serde_json::Value,
+    /// Spark's `sources[].metrics`.
+    pub metrics: BTreeMap<&'static str, String>,
+}
+
+/// Opens the source `spec`, number `index` in the pipeline, resuming from
+/// what the checkpoint's log says earlier batches took (entries past
+/// `last_planned` were never planned and are dropped).
+///
+/// # Errors
+/// When the decoder cannot be built for the schema or the source log cannot
+/// be read.
+pub fn open(
+    spec: &SourceSpec,
+    index: usize,
+    checkpoint: &Checkpoint,
+    last_planned: Option<u64>,
+) -> Result<Box<dyn Source>, SourceError> {
+    match &spec.kind {
+        SourceKind::Files(files) => {
+            let decoder = Decoder::new(
+                Arc::clone(&files.schema),
+                DecoderOptions {
+                    format: match &files.format {
+                        spec::InputFormat::Json => decode::Format::JsonLines,
+                        spec::InputFormat::Csv { header, delimiter } => {
+                            decode::Format::Csv(decode::CsvOptions {
+                                header: *header,
+                                delimiter: *delimiter,
+                                quote: b'"',
+                            })
+                        }
+                    },
+                    policy: malformed_policy(files.on_malformed),
+                    batch_size: DECODE_BATCH_ROWS,
+                },
+            )
+            .map_err(|error| SourceError::Decode {
+                source_name: spec.name.clone(),
+                error,
+            })?;
+            Ok(Box::new(FilesSource::open(
+                spec.name.clone(),
+                index,
+                files.path.clone(),
+                files.max_files_per_trigger,
+                decoder,
+                files.dead_letter_path.clone(),
+                checkpoint,
+                last_planned,
+            )?))
+        }
+    }
+}
+
+/// The decoder's policy for a source's `on_malformed`.
+pub fn malformed_policy(on_malformed: spec::OnMalformed) -> decode::MalformedPolicy {
+    match on_malformed {
+        spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
+        spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
+        spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
+        spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
+    }
+}

@@ -363,7 +363,7 @@ fn a_single_source_table_asks_for_an_array_of_tables() {
 }
 
 #[test]
-fn several_sources_and_duplicate_names_are_refused() {
+fn duplicate_source_names_and_unknown_kinds_are_refused() {
     let dir = workspace();
     let text = format!(
         "{MINIMAL}\n[[source]]\nname = \"orders\"\nkind = \"kafka\"\n\n[[source]]\nname = \"refunds\"\nkind = \"files\"\npath = \"r\"\nformat = \"csv\"\nschema = \"id INT\"\n"
@@ -372,10 +372,40 @@ fn several_sources_and_duplicate_names_are_refused() {
     assert_eq!(
         found,
         vec![
-            ("source".into(), "3 sources given (source.orders, source.orders, source.refunds); only one [[source]] is supported for now".into()),
             ("source.orders.name".into(), "duplicate source name \"orders\" (also source number 1): source names must be unique".into()),
             ("source.orders.kind".into(), "\"kafka\" is not a source kind: use \"files\"".into()),
         ] as Vec<(String, String)>
+    );
+}
+
+#[test]
+fn several_sources_are_unioned_and_must_share_their_columns() {
+    let dir = workspace();
+    let second = |schema: &str, on_malformed: &str| {
+        format!(
+            "{MINIMAL}\n[[source]]\nname = \"refunds\"\nkind = \"files\"\npath = \"r\"\nformat = \"json\"\nschema = \"{schema}\"\non_malformed = \"{on_malformed}\"\n"
+        )
+    };
+    // The same columns: accepted, two sources in order.
+    let p = parse_in(dir.path(), &second("id BIGINT", "permissive"), &[]).unwrap();
+    assert_eq!(
+        p.sources
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>(),
+        ["orders", "refunds"]
+    );
+    // Other columns: refused, naming the source and the one it differs from.
+    assert_eq!(
+        problems(dir.path(), &second("id INT", "permissive"), &[]),
+        vec![(
+            "source.refunds.schema".to_string(),
+            "differs from the schema of source orders: the sources of a query are unioned and must have the same columns".to_string()
+        )]
+    );
+    assert_eq!(
+        paths(&problems(dir.path(), &second("id BIGINT", "drop"), &[])),
+        ["source.refunds.on_malformed"]
     );
 }
 

@@ -442,21 +442,6 @@ fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<So
         c.push("source", "required: one [[source]] table (none given)");
         return None;
     }
-    if raw.len() > 1 {
-        let names: Vec<String> = raw
-            .iter()
-            .enumerate()
-            .map(|(i, s)| source_label(i, s.name.as_deref()))
-            .collect();
-        c.push(
-            "source",
-            format!(
-                "{} sources given ({}); only one [[source]] is supported for now",
-                raw.len(),
-                names.join(", ")
-            ),
-        );
-    }
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, s) in raw.iter().enumerate() {
         if let Some(name) = s.name.as_deref().filter(|n| !n.is_empty()) {
@@ -478,7 +463,60 @@ fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<So
         .enumerate()
         .map(|(i, s)| source(i, s, base, c))
         .collect();
-    specs.into_iter().collect()
+    let specs: Vec<SourceSpec> = specs.into_iter().collect::<Option<_>>()?;
+    union_compatible(&specs, c);
+    Some(specs)
+}
+
+/// Several sources are unioned: they must bring the same columns, and each
+/// keeps its own dead letters (files are named by batch id).
+fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
+    let Some(first) = specs.first() else {
+        return;
+    };
+    let columns = |s: &SourceSpec| match &s.kind {
+        SourceKind::Files(f) => (
+            Arc::clone(&f.schema),
+            f.on_malformed == OnMalformed::Permissive,
+        ),
+    };
+    let (first_schema, first_corrupt) = columns(first);
+    let mut dead_letters: HashMap<&Path, &str> = HashMap::new();
+    for s in specs {
+        let SourceKind::Files(f) = &s.kind;
+        if let Some(dir) = f.dead_letter_path.as_deref()
+            && let Some(other) = dead_letters.insert(dir, &s.name)
+        {
+            c.push(
+                &format!("source.{}.dead_letter_path", s.name),
+                format!(
+                    "{} is also the dead-letter folder of source {other}: give each source its own",
+                    dir.display()
+                ),
+            );
+        }
+        if s.name == first.name {
+            continue;
+        }
+        let (schema, corrupt) = columns(s);
+        if schema != first_schema {
+            c.push(
+                &format!("source.{}.schema", s.name),
+                format!(
+                    "differs from the schema of source {}: the sources of a query are unioned and must have the same columns",
+                    first.name
+                ),
+            );
+        } else if corrupt != first_corrupt {
+            c.push(
+                &format!("source.{}.on_malformed", s.name),
+                format!(
+                    "only one of this source and source {} is permissive, which adds a _corrupt_record column: the sources of a query are unioned and must have the same columns",
+                    first.name
+                ),
+            );
+        }
+    }
 }
 
 fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<SourceSpec> {

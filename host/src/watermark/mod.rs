@@ -107,6 +107,21 @@ impl Watermark {
     }
 }
 
+/// The query's watermark from those of its inputs, by Spark's
+/// `multipleWatermarkPolicy`: the minimum (no input's late data is lost) or
+/// the maximum (the fastest input decides; slower ones lose more rows). An
+/// input that has seen no data counts as 0, as in Spark's `WatermarkTracker`,
+/// so under `min` it holds the query back until it has data or its idle
+/// timeout passes. The result never goes below `previous`.
+pub fn combine(previous_ms: i64, inputs_ms: &[i64], take_max: bool) -> i64 {
+    let chosen = if take_max {
+        inputs_ms.iter().copied().max()
+    } else {
+        inputs_ms.iter().copied().min()
+    };
+    chosen.map_or(previous_ms, |c| c.max(previous_ms))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -115,6 +130,19 @@ mod tests {
     use arrow_schema::Field;
 
     use super::*;
+
+    #[test]
+    fn several_inputs_combine_by_policy_and_never_go_back() {
+        // min: the slowest input holds the watermark; one without data holds it at 0.
+        assert_eq!(combine(0, &[5_000, 0], false), 0);
+        assert_eq!(combine(0, &[5_000, 3_000], false), 3_000);
+        assert_eq!(combine(0, &[5_000, 3_000], true), 5_000);
+        // Never below the previous watermark (an input may lag behind it).
+        assert_eq!(combine(4_000, &[5_000, 3_000], false), 4_000);
+        // A single input: the rule of a single watermark.
+        assert_eq!(combine(1_000, &[7_000], false), 7_000);
+        assert_eq!(combine(1_000, &[], false), 1_000);
+    }
 
     fn batch(values: Vec<Option<i64>>) -> RecordBatch {
         let array = TimestampMicrosecondArray::from(values).with_timezone("+00:00");
