@@ -313,6 +313,7 @@ fn du(dir: &Path, seen: &mut HashSet<(u64, u64)>) -> Result<u64> {
 /// `window_start,window_end,status,orders,revenue` as Spark's CSV prints
 /// them; for dedup the number of rows.
 fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
+    use arrow_array::Array;
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Int64Type, TimestampMicrosecondType};
     let mut files: Vec<PathBuf> = std::fs::read_dir(out)?
@@ -368,6 +369,14 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
         Ok(rows)
     } else {
         Ok(vec![format!("rows={count}")])
+    }
+}
+
+/// `2024-03-01T00:05:00.000Z` → `2024-03-01T00:05:00Z`, as Spark's CSV prints it.
+fn normalise_ts(v: &str) -> String {
+    match v.strip_suffix(".000Z") {
+        Some(base) => format!("{base}Z"),
+        None => v.to_owned(),
     }
 }
 
