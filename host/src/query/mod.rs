@@ -22,9 +22,10 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 mod fingerprint;
+mod input;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::decode::{self, DecodeError, Decoder, DecoderOptions};
+use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
@@ -38,8 +39,9 @@ use crate::plugin::{
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
-use crate::source::{FileEntry, FilesSource, SourceError};
-use crate::spec::{self, OutputMode, Pipeline, SinkSpec, SourceKind, Trigger};
+use crate::source::SourceError;
+use crate::source::kafka::{KafkaSourceError, PartitionOffsets};
+use crate::spec::{self, OutputMode, Pipeline, SinkSpec, Trigger};
 use crate::state::{StateError, StateOptions, StoreKind};
 use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
 
@@ -116,6 +118,8 @@ pub enum QueryError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error(transparent)]
+    Kafka(#[from] KafkaSourceError),
     #[error("source {source_name}: {error}")]
     Decoder {
         source_name: String,
@@ -163,6 +167,13 @@ pub struct OffsetEntry {
 pub struct SourceOffset {
     pub name: String,
     pub log_offset: u64,
+    /// A Kafka source's end offsets per partition (Spark's `{"topic":{"0":23}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<PartitionOffsets>,
+    /// Where a Kafka source's batch starts in every partition: the previous end, except
+    /// for new partitions and offsets skipped as lost, so a replay reads the same range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_start: Option<PartitionOffsets>,
 }
 
 /// `commits/N`: batch N finished.
@@ -188,7 +199,9 @@ pub struct Query {
     pipeline: Pipeline,
     checkpoint: Checkpoint,
     run_id: String,
-    source: FilesSource,
+    source: input::Input,
+    /// The plan of the last batch this run planned (a replay reads its own from the checkpoint).
+    last_plan: Option<input::Plan>,
     dead_letter: Option<PathBuf>,
     transforms: Vec<Box<dyn BatchTransform>>,
     watermark: Option<Watermark>,
@@ -245,43 +258,8 @@ impl Query {
             Some(n) => (Some(n), n + 1),
         };
 
-        let source_spec = &pipeline.sources[0];
-        let SourceKind::Files(files) = &source_spec.kind;
-        let decoder = Decoder::new(
-            Arc::clone(&files.schema),
-            DecoderOptions {
-                format: match &files.format {
-                    spec::InputFormat::Json => decode::Format::JsonLines,
-                    spec::InputFormat::Csv { header, delimiter } => {
-                        decode::Format::Csv(decode::CsvOptions {
-                            header: *header,
-                            delimiter: *delimiter,
-                            quote: b'"',
-                        })
-                    }
-                },
-                policy: match files.on_malformed {
-                    spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
-                    spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
-                    spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
-                    spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
-                },
-                batch_size: 65_536,
-            },
-        )
-        .map_err(|error| QueryError::Decoder {
-            source_name: source_spec.name.clone(),
-            error,
-        })?;
-        let source = FilesSource::open(
-            source_spec.name.clone(),
-            0,
-            files.path.clone(),
-            files.max_files_per_trigger,
-            decoder,
-            &checkpoint,
-            last_planned,
-        )?;
+        let (source, dead_letter) =
+            input::Input::open(&pipeline.sources[0], &checkpoint, last_planned)?;
 
         let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
@@ -424,8 +402,16 @@ impl Query {
                 )?;
                 Box::new(PluginSink::new(plugin))
             }
+            SinkSpec::Kafka(k) => Box::new(
+                sink::kafka::KafkaSink::new(
+                    k.clone(),
+                    &schema,
+                    checkpoint.query_id(),
+                    options.failpoint,
+                )
+                .map_err(SinkError::from)?,
+            ),
         };
-        let dead_letter = files.dead_letter_path.clone();
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
@@ -438,6 +424,7 @@ impl Query {
             run_id: uuid::Uuid::new_v4().to_string(),
             checkpoint,
             source,
+            last_plan: None,
             dead_letter,
             transforms,
             watermark,
@@ -483,24 +470,25 @@ impl Query {
             Trigger::AvailableNow => {
                 // Spark's availableNow: what is there at start, in as many
                 // batches as the rate limit gives, then stop.
-                let mut remaining = self.source.list_new()?;
-                while !remaining.is_empty() && !self.stopped() {
-                    let files = self.source.take(&remaining, false);
-                    remaining.drain(..files.len());
-                    self.plan_and_run(files)?;
+                let mut target = self.source.target()?;
+                while !self.stopped() {
+                    let Some(plan) = self.source.next(&self.checkpoint, &mut target, false)? else {
+                        break;
+                    };
+                    self.plan_and_run(plan)?;
                 }
                 // Then, like Spark, one batch without data if the watermark
                 // moved, so that what it passed is emitted.
                 if !self.stopped() && self.wants_no_data_batch() {
-                    self.plan_and_run(Vec::new())?;
+                    let plan = self.source.empty(&self.checkpoint)?;
+                    self.plan_and_run(plan)?;
                 }
             }
             Trigger::Once => {
                 if self.summary.batches == 0 {
-                    let all = self.source.list_new()?;
-                    if !all.is_empty() {
-                        let files = self.source.take(&all, true);
-                        self.plan_and_run(files)?;
+                    let mut target = self.source.target()?;
+                    if let Some(plan) = self.source.next(&self.checkpoint, &mut target, true)? {
+                        self.plan_and_run(plan)?;
                     }
                 }
             }
@@ -525,15 +513,15 @@ impl Query {
     /// One trigger of a long-running query: a batch of new files, or a
     /// no-data batch when the watermark moved. Whether a batch ran.
     fn trigger_once(&mut self) -> Result<bool, QueryError> {
-        let files = self.source.take(&self.source.list_new()?, false);
-        if !files.is_empty() {
+        if let Some(plan) = self.source.poll(&self.checkpoint)? {
             self.last_input_ms = self.options.clock.now_ms();
-            self.plan_and_run(files)?;
+            self.plan_and_run(plan)?;
             return Ok(true);
         }
         self.advance_idle_watermark();
         if self.wants_no_data_batch() {
-            self.plan_and_run(Vec::new())?;
+            let plan = self.source.empty(&self.checkpoint)?;
+            self.plan_and_run(plan)?;
             return Ok(true);
         }
         Ok(false)
@@ -588,21 +576,19 @@ impl Query {
         }
     }
 
-    /// Plans the next batch over `files` (durably) and runs it.
-    fn plan_and_run(&mut self, files: Vec<FileEntry>) -> Result<(), QueryError> {
+    /// Plans the next batch over `plan` (durably) and runs it.
+    fn plan_and_run(&mut self, plan: input::Plan) -> Result<(), QueryError> {
         let n = self.next_batch;
         let started = Instant::now();
-        self.source.record(&self.checkpoint, n, &files)?;
+        let source_offset = self.source.record(&self.checkpoint, n, &plan)?;
+        self.last_plan = Some(plan);
         self.checkpoint.offsets().put(
             n,
             &OffsetEntry {
                 batch_watermark_ms: self.next_watermark_ms,
                 late_row_watermark_ms: self.last_watermark_ms,
                 batch_timestamp_ms: self.options.clock.now_ms(),
-                sources: vec![SourceOffset {
-                    name: self.source.name().to_owned(),
-                    log_offset: n,
-                }],
+                sources: vec![source_offset],
             },
         )?;
         let wal_ms = millis(started.elapsed());
@@ -725,7 +711,8 @@ impl Query {
         let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
         let mut metrics = BTreeMap::new();
         metrics.insert("numMalformedRows", outcome.malformed_rows.to_string());
-        metrics.insert("numFiles", outcome.files.to_string());
+        let (start_offset, end_offset, latest_offset, source_metrics) = outcome.plan.progress(n);
+        metrics.extend(source_metrics);
         let mut event_time = BTreeMap::new();
         if self.watermark.is_some() {
             event_time.insert("watermark", progress::rfc3339_ms(entry.batch_watermark_ms));
@@ -753,11 +740,9 @@ impl Query {
             state_operators,
             sources: vec![SourceProgress {
                 description: self.source.description(),
-                start_offset: n
-                    .checked_sub(1)
-                    .map(|p| serde_json::json!({ "logOffset": p })),
-                end_offset: serde_json::json!({ "logOffset": n }),
-                latest_offset: serde_json::json!({ "logOffset": n }),
+                start_offset,
+                end_offset,
+                latest_offset,
                 num_input_rows: outcome.input_rows,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed_rate,
@@ -806,8 +791,15 @@ impl Query {
     fn execute(&mut self, info: &BatchInfo, entry: &OffsetEntry) -> Result<Outcome, QueryError> {
         let n = info.batch_id;
         let get_started = Instant::now();
-        let files = self.source.planned(&self.checkpoint, n)?;
-        let decoded = self.source.read(n, &files)?;
+        let mut plan = self.source.planned(&self.checkpoint, n)?;
+        if let (input::Plan::Kafka(recorded), Some(input::Plan::Kafka(fresh))) =
+            (&mut plan, &self.last_plan)
+            && recorded.end == fresh.end
+        {
+            // Planned by this run: the latest offsets seen then are known (for progress).
+            recorded.latest = fresh.latest.clone();
+        }
+        let decoded = self.source.read(n, &plan)?;
         if let Some(dir) = &self.dead_letter
             && !decoded.malformed.is_empty()
         {
@@ -846,7 +838,7 @@ impl Query {
         }
         let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
         Ok(Outcome {
-            files: files.len(),
+            plan,
             input_rows: decoded.num_input_rows,
             malformed_rows: decoded.num_malformed,
             output_rows,
@@ -858,7 +850,7 @@ impl Query {
 }
 
 struct Outcome {
-    files: usize,
+    plan: input::Plan,
     input_rows: u64,
     malformed_rows: u64,
     output_rows: u64,
@@ -873,6 +865,7 @@ fn is_retryable(e: &QueryError) -> bool {
         QueryError::Plugin(p) => p.is_retryable(),
         QueryError::Sink(s) => s.is_retryable(),
         QueryError::Source(SourceError::Read { .. }) => true,
+        QueryError::Kafka(k) => k.is_retryable(),
         _ => false,
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! # Layout
 //! - `files`: a folder of JSON-lines or CSV files, new files each batch.
+//! - [`kafka`]: Kafka topics, a range of offsets per partition each batch.
 
 pub mod files;
+pub mod kafka;
 
 pub use files::{FileEntry, FilesSource, SourceError};
