@@ -12,6 +12,10 @@
 //!
 //! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
 //! side by side (see `stateful.rs`).
+//!
+//! `weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json]`
+//! produces N orders to a mock Kafka cluster and runs Kafka → JSON decode → files (see
+//! `kafka.rs`).
 
 #![allow(
     clippy::print_stdout,
@@ -32,6 +36,7 @@ use weir_host::operator::{BatchTransform, TransformError};
 use weir_host::plugin::BatchInfo;
 use weir_host::query::{Query, QueryOptions};
 
+mod kafka;
 mod stateful;
 
 fn main() -> ExitCode {
@@ -41,9 +46,10 @@ fn main() -> ExitCode {
         Some("run-variant") => run_variant(&args[2..]),
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
+        Some("kafka") => kafka::kafka(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {

@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 use anyhow::{Context, Result, bail};
 pub use weir_host::examples::{OrdersSpec, OrdersWritten};
 
+pub mod kafka;
+
 /// A scratch folder with sample orders and the example plugins in it.
 #[derive(Debug)]
 pub struct Workspace {

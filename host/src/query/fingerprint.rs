@@ -7,7 +7,10 @@
 
 use serde_json::{Value, json};
 
-use crate::spec::{Pipeline, SinkSpec, SourceKind, StateStoreKind, WatermarkPolicy, WindowKind};
+use crate::spec::{
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StateStoreKind, WatermarkPolicy,
+    WindowKind,
+};
 
 /// Parts of the fingerprint a restart may not change.
 const FROZEN: &[(&str, &str)] = &[
@@ -43,6 +46,20 @@ pub fn of(
                 "kind": "files",
                 "path": f.path.display().to_string(),
                 "format": format!("{:?}", f.format),
+            }),
+            // The broker addresses may change (the same cluster has many); the topics and
+            // how values are read may not.
+            SourceKind::Kafka(k) => json!({
+                "name": s.name,
+                "kind": "kafka",
+                "topics": match &k.topics {
+                    KafkaTopics::Subscribe(t) => json!({ "subscribe": t }),
+                    KafkaTopics::Pattern(p) => json!({ "subscribe_pattern": p }),
+                },
+                "format": match &k.value_format {
+                    KafkaValueFormat::Raw => "raw",
+                    KafkaValueFormat::Json(_) => "json",
+                },
             }),
         })
         .collect();
@@ -95,6 +112,7 @@ pub fn of(
             SinkSpec::Console { .. } => "console",
             SinkSpec::Memory => "memory",
             SinkSpec::Plugin(_) => "plugin",
+            SinkSpec::Kafka(_) => "kafka",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
     })

@@ -167,6 +167,10 @@ pub struct SourceOffset {
     /// from which the query's is combined by `query.watermark_policy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// What the source keeps here itself (a Kafka source: `kafka`, the end
+    /// offset of every partition as Spark writes it, and `kafkaStart`).
+    #[serde(flatten)]
+    pub recorded: sources::Recorded,
 }
 
 /// `commits/N`: batch N finished.
@@ -429,6 +433,15 @@ impl Query {
                 )?;
                 Box::new(PluginSink::new(plugin))
             }
+            SinkSpec::Kafka(k) => Box::new(
+                sink::kafka::KafkaSink::new(
+                    k.clone(),
+                    &schema,
+                    checkpoint.query_id(),
+                    options.failpoint,
+                )
+                .map_err(SinkError::from)?,
+            ),
         };
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
@@ -539,7 +552,7 @@ impl Query {
         let now = self.options.clock.now_ms();
         let mut total = 0;
         for i in 0..self.sources.len() {
-            let staged = self.sources[i].poll(unlimited)?;
+            let staged = self.sources[i].poll(&self.checkpoint, unlimited)?;
             if staged > 0 {
                 self.last_input_ms[i] = now;
             } else {
@@ -612,11 +625,12 @@ impl Query {
         let mut offsets = Vec::with_capacity(self.sources.len());
         let with_watermark = self.watermark.is_some();
         for (i, source) in self.sources.iter_mut().enumerate() {
-            source.record(&self.checkpoint, n)?;
+            let recorded = source.record(&self.checkpoint, n)?;
             offsets.push(SourceOffset {
                 name: source.name().to_owned(),
                 log_offset: n,
                 watermark_ms: with_watermark.then(|| self.source_watermarks_ms[i]),
+                recorded,
             });
         }
         self.checkpoint.offsets().put(
@@ -852,9 +866,11 @@ impl Query {
         let mut outputs: Vec<RecordBatch> = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
         let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
-        for source in &mut self.sources {
+        let none = sources::Recorded::new();
+        for (i, source) in self.sources.iter_mut().enumerate() {
             let get_started = Instant::now();
-            let read = source.read(&self.checkpoint, n)?;
+            let recorded = entry.sources.get(i).map_or(&none, |s| &s.recorded);
+            let read = source.read(&self.checkpoint, n, recorded)?;
             let SourceBatch {
                 decoded,
                 start_offset,
@@ -987,6 +1003,7 @@ fn is_retryable(e: &QueryError) -> bool {
         QueryError::Plugin(p) => p.is_retryable(),
         QueryError::Sink(s) => s.is_retryable(),
         QueryError::Source(SourceError::Read { .. }) => true,
+        QueryError::Source(SourceError::Kafka(k)) => k.is_retryable(),
         _ => false,
     }
 }

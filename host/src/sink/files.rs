@@ -345,7 +345,7 @@ fn check_text_types(
     Ok(())
 }
 
-fn text_supports(data_type: &DataType) -> bool {
+pub(crate) fn text_supports(data_type: &DataType) -> bool {
     matches!(
         data_type,
         DataType::Null
@@ -488,7 +488,7 @@ fn typed_columns(batch: &RecordBatch) -> std::io::Result<Vec<TypedColumn<'_>>> {
     batch.columns().iter().map(typed_column).collect()
 }
 
-fn write_json<W: Write>(
+pub(crate) fn write_json<W: Write>(
     out: &mut W,
     schema: &SchemaRef,
     batches: &[RecordBatch],

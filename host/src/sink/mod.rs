@@ -8,9 +8,11 @@
 //! - `console`: Spark's console sink, for people watching a terminal.
 //! - `memory`: batches kept in memory, for programs embedding the host.
 //! - `plugin`: a Wasm foreachBatch sink.
+//! - [`kafka`]: a Kafka topic, one transaction per batch.
 
 pub mod console;
 pub mod files;
+pub mod kafka;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -30,6 +32,8 @@ pub enum SinkError {
     Console(std::io::Error),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaSinkError),
     #[error("sink {sink}: cannot combine the batch's parts: {source}")]
     Arrow {
         sink: String,
@@ -42,6 +46,7 @@ impl SinkError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Plugin(e) => e.is_retryable(),
+            Self::Kafka(e) => e.is_retryable(),
             Self::Files(_) | Self::Console(_) => true,
             Self::Arrow { .. } => false,
         }

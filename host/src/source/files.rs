@@ -13,7 +13,7 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Source, SourceBatch};
+use super::{Recorded, Source, SourceBatch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{DecodeError, Decoded, Decoder};
 
@@ -68,6 +68,8 @@ pub enum SourceError {
     },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Kafka(#[from] Box<super::kafka::KafkaSourceError>),
 }
 
 /// A folder of files read as a stream.
@@ -220,7 +222,7 @@ impl Source for FilesSource {
         Ok(())
     }
 
-    fn poll(&mut self, unlimited: bool) -> Result<u64, SourceError> {
+    fn poll(&mut self, _checkpoint: &Checkpoint, unlimited: bool) -> Result<u64, SourceError> {
         let candidates = match &mut self.frozen {
             Some(frozen) => {
                 frozen.retain(|f| !self.seen.contains(&f.name));
@@ -238,7 +240,7 @@ impl Source for FilesSource {
         Ok(n as u64)
     }
 
-    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<(), SourceError> {
+    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<Recorded, SourceError> {
         let entry = FilesLogEntry {
             files: std::mem::take(&mut self.staged),
         };
@@ -246,10 +248,15 @@ impl Source for FilesSource {
         // The entry is written: only now are its files taken.
         self.backlog = self.backlog.saturating_sub(entry.files.len());
         self.seen.extend(entry.files.into_iter().map(|f| f.name));
-        Ok(())
+        Ok(Recorded::new())
     }
 
-    fn read(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<SourceBatch, SourceError> {
+    fn read(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        _recorded: &Recorded,
+    ) -> Result<SourceBatch, SourceError> {
         let files = self.planned(checkpoint, batch_id)?;
         let mut decoded = Decoded::default();
         let mut buf = Vec::new();

@@ -8,8 +8,10 @@
 //!
 //! # Layout
 //! - `files`: a folder of JSON-lines or CSV files, new files each batch.
+//! - [`kafka`]: Kafka topics, a range of offsets per partition each batch.
 
 pub mod files;
+pub mod kafka;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use crate::decode::{self, Decoded, Decoder, DecoderOptions};
 use crate::spec::{self, SourceKind, SourceSpec};
 
 /// Rows per decoded batch.
-const DECODE_BATCH_ROWS: usize = 65_536;
+pub(crate) const DECODE_BATCH_ROWS: usize = 65_536;
 
 /// A stream of input, planned and read batch by batch.
 ///
@@ -55,25 +57,35 @@ pub trait Source: Send {
     ///
     /// # Errors
     /// When the source cannot be listed or asked for its latest offsets.
-    fn poll(&mut self, unlimited: bool) -> Result<u64, SourceError>;
+    fn poll(&mut self, checkpoint: &Checkpoint, unlimited: bool) -> Result<u64, SourceError>;
 
     /// Writes the staged input (possibly nothing) to the source log as
-    /// batch `batch_id`, and moves past it.
+    /// batch `batch_id`, and moves past it. Returns what the source keeps in
+    /// `offsets/N` itself (Kafka's offsets, as Spark keeps them there); the
+    /// query writes it and hands it back to [`Source::read`].
     ///
     /// # Errors
     /// When the log entry cannot be written.
-    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<(), SourceError>;
+    fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<Recorded, SourceError>;
 
     /// Reads and decodes exactly the input recorded for `batch_id`.
     ///
     /// # Errors
     /// When the log entry is missing, the input cannot be read or has
     /// changed, or a record is malformed under the `fail` policy.
-    fn read(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<SourceBatch, SourceError>;
+    fn read(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        recorded: &Recorded,
+    ) -> Result<SourceBatch, SourceError>;
 
     /// Where a malformed record goes under `on_malformed = "dead-letter"`.
     fn dead_letter_dir(&self) -> Option<&std::path::Path>;
 }
+
+/// A source's own fields of its `offsets/N` entry.
+pub type Recorded = serde_json::Map<String, serde_json::Value>;
 
 /// What one source read for one batch.
 #[derive(Debug, Default)]
@@ -136,6 +148,13 @@ pub fn open(
                 last_planned,
             )?))
         }
+        SourceKind::Kafka(k) => Ok(Box::new(kafka::KafkaInput::open(
+            spec.name.clone(),
+            index,
+            k,
+            checkpoint,
+            last_planned,
+        )?)),
     }
 }
 

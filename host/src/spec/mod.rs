@@ -168,6 +168,58 @@ pub struct SourceSpec {
 pub enum SourceKind {
     /// `kind = "files"`: new files appearing in a folder.
     Files(FilesSourceSpec),
+    /// `kind = "kafka"`: records of Kafka topics, by offset range.
+    Kafka(KafkaSourceSpec),
+}
+
+/// A `kind = "kafka"` source (Spark's Kafka source options, snake_cased).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KafkaSourceSpec {
+    /// `bootstrap_servers`: `host:port[,host:port...]`.
+    pub bootstrap_servers: String,
+    /// `subscribe` (a list of topics) or `subscribe_pattern` (a regular expression).
+    pub topics: KafkaTopics,
+    /// `starting_offsets`: where a new query starts (default latest, as in Spark).
+    pub starting_offsets: StartingOffsets,
+    /// `max_offsets_per_trigger`: at most this many records per batch, over all partitions.
+    pub max_offsets_per_trigger: Option<std::num::NonZeroU64>,
+    /// `fail_on_data_loss` (default true): fail when offsets to read are gone.
+    pub fail_on_data_loss: bool,
+    /// `format` + `schema`: how the value is decoded (raw bytes when absent).
+    pub value_format: KafkaValueFormat,
+    /// `on_malformed` (JSON values only).
+    pub on_malformed: OnMalformed,
+    /// `dead_letter_path` (resolved), present iff `on_malformed = "dead-letter"`.
+    pub dead_letter_path: Option<PathBuf>,
+}
+
+/// Which topics a Kafka source reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KafkaTopics {
+    /// `subscribe = ["a", "b"]`.
+    Subscribe(Vec<String>),
+    /// `subscribe_pattern = "orders-.*"`: every topic whose whole name matches (checked valid).
+    Pattern(String),
+}
+
+/// `starting_offsets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartingOffsets {
+    /// `"earliest"`.
+    Earliest,
+    /// `"latest"` (default).
+    Latest,
+    /// Spark's JSON, `{"topic":{"0":23,"1":-2}}`: -2 is earliest, -1 latest.
+    Specific(std::collections::BTreeMap<String, std::collections::BTreeMap<i32, i64>>),
+}
+
+/// How the records of a Kafka source become rows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KafkaValueFormat {
+    /// No `format`: Spark's columns key, value, topic, partition, offset, timestamp, timestampType.
+    Raw,
+    /// `format = "json"`: the value decoded as `from_json(value, schema)`.
+    Json(arrow_schema::SchemaRef),
 }
 
 /// A `kind = "files"` source.
@@ -267,6 +319,32 @@ pub enum SinkSpec {
     Memory,
     /// `kind = "plugin"`: a Wasm foreachBatch sink.
     Plugin(PluginSinkSpec),
+    /// `kind = "kafka"`: rows produced to a topic.
+    Kafka(KafkaSinkSpec),
+}
+
+/// A `kind = "kafka"` sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSinkSpec {
+    /// `bootstrap_servers`.
+    pub bootstrap_servers: String,
+    /// `topic`: where rows go.
+    pub topic: String,
+    /// `key`: the column holding the record key (none: no key).
+    pub key: Option<String>,
+    /// `value`: the column holding the record value (none: the whole row as JSON).
+    pub value: Option<String>,
+    /// `delivery` (default exactly-once).
+    pub delivery: KafkaDelivery,
+}
+
+/// `sink.delivery` of a Kafka sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaDelivery {
+    /// `"exactly-once"`: one transaction per batch, with a batch marker.
+    ExactlyOnce,
+    /// `"at-least-once"`: plain produce (brokers without transactions); a replay may duplicate.
+    AtLeastOnce,
 }
 
 /// The file format of a files sink.

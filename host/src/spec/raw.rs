@@ -85,6 +85,13 @@ pub(super) struct RawSource {
     pub on_malformed: Option<String>,
     pub dead_letter_path: Option<String>,
     pub csv: Option<RawCsv>,
+    // kind = "kafka"
+    pub bootstrap_servers: Option<String>,
+    pub subscribe: Option<Vec<String>>,
+    pub subscribe_pattern: Option<String>,
+    pub starting_offsets: Option<String>,
+    pub max_offsets_per_trigger: Option<i64>,
+    pub fail_on_data_loss: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +132,12 @@ pub(super) struct RawSink {
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub capabilities: Option<RawCapabilities>,
+    // kind = "kafka"
+    pub bootstrap_servers: Option<String>,
+    pub topic: Option<String>,
+    pub key: Option<String>,
+    pub value: Option<String>,
+    pub delivery: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -72,7 +72,9 @@ fn paths(list: &[(String, String)]) -> Vec<&str> {
 }
 
 fn files_source(p: &Pipeline) -> &FilesSourceSpec {
-    let SourceKind::Files(files) = &p.sources[0].kind;
+    let SourceKind::Files(files) = &p.sources[0].kind else {
+        panic!("not a files source: {:?}", p.sources[0].kind)
+    };
     files
 }
 
@@ -216,7 +218,7 @@ path = "t"
     let found = problems(dir.path(), text, &[]);
     let missing = dir.path().join("plugins/missing.wasm");
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv)"),
+        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
         ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
@@ -228,7 +230,7 @@ path = "t"
         ("transform[1].limits.memory", "\"64 MB x\" is not a size: unknown unit \"MB x\"; use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\""),
         ("transform[1].limits.timeout", "\"forever\" is not a duration: expected a number at \"forever\"; write e.g. \"30s\" or \"1h 30m\""),
         ("transform[1].limits.fuel", "must be a positive integer, not 0"),
-        ("sink.kind", "\"delta\" is not a sink kind: use \"files\", \"console\", \"plugin\" or \"memory\""),
+        ("sink.kind", "\"delta\" is not a sink kind: use \"files\", \"console\", \"plugin\", \"memory\" or \"kafka\""),
     ]
     .into_iter()
     .map(|(p, m)| (p.to_string(), m.to_string()))
@@ -324,14 +326,17 @@ fn missing_tables_and_keys_are_named() {
             "sink.kind",
         ]
     );
-    assert_eq!(found[3].1, "required key is missing: use \"files\"");
+    assert_eq!(
+        found[3].1,
+        "required key is missing: use \"files\" or \"kafka\""
+    );
     assert_eq!(
         found[5].1,
         "required key is missing: use \"json\" or \"csv\""
     );
     assert_eq!(
         found[7].1,
-        "required key is missing: use \"files\", \"console\", \"plugin\" or \"memory\""
+        "required key is missing: use \"files\", \"console\", \"plugin\", \"memory\" or \"kafka\""
     );
 
     let found = problems(dir.path(), "", &[]);
@@ -366,14 +371,14 @@ fn a_single_source_table_asks_for_an_array_of_tables() {
 fn duplicate_source_names_and_unknown_kinds_are_refused() {
     let dir = workspace();
     let text = format!(
-        "{MINIMAL}\n[[source]]\nname = \"orders\"\nkind = \"kafka\"\n\n[[source]]\nname = \"refunds\"\nkind = \"files\"\npath = \"r\"\nformat = \"csv\"\nschema = \"id INT\"\n"
+        "{MINIMAL}\n[[source]]\nname = \"orders\"\nkind = \"rate\"\n\n[[source]]\nname = \"refunds\"\nkind = \"files\"\npath = \"r\"\nformat = \"csv\"\nschema = \"id INT\"\n"
     );
     let found = problems(dir.path(), &text, &[]);
     assert_eq!(
         found,
         vec![
             ("source.orders.name".into(), "duplicate source name \"orders\" (also source number 1): source names must be unique".into()),
-            ("source.orders.kind".into(), "\"kafka\" is not a source kind: use \"files\"".into()),
+            ("source.orders.kind".into(), "\"rate\" is not a source kind: use \"files\" or \"kafka\"".into()),
         ] as Vec<(String, String)>
     );
 }
@@ -887,7 +892,7 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
         found,
         vec![(
             "sink.expected_rows".to_string(),
-            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities)".to_string()
+            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, bootstrap_servers, topic, key, value, delivery)".to_string()
         )]
     );
 }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use toml::{Table, Value};
 
+mod kafka;
+
 use super::duration::parse_duration;
 use super::raw::{
     RawAggregate, RawCapabilities, RawDeduplicate, RawLimits, RawPipeline, RawQuery, RawSink,
@@ -474,17 +476,29 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
     let Some(first) = specs.first() else {
         return;
     };
+    // The columns a source brings: its schema (None: Kafka's raw record
+    // columns) and whether the permissive policy adds `_corrupt_record`.
     let columns = |s: &SourceSpec| match &s.kind {
         SourceKind::Files(f) => (
-            Arc::clone(&f.schema),
+            Some(Arc::clone(&f.schema)),
             f.on_malformed == OnMalformed::Permissive,
         ),
+        SourceKind::Kafka(k) => match &k.value_format {
+            super::KafkaValueFormat::Raw => (None, false),
+            super::KafkaValueFormat::Json(schema) => (
+                Some(Arc::clone(schema)),
+                k.on_malformed == OnMalformed::Permissive,
+            ),
+        },
     };
     let (first_schema, first_corrupt) = columns(first);
     let mut dead_letters: HashMap<&Path, &str> = HashMap::new();
     for s in specs {
-        let SourceKind::Files(f) = &s.kind;
-        if let Some(dir) = f.dead_letter_path.as_deref()
+        let dead_letter = match &s.kind {
+            SourceKind::Files(f) => f.dead_letter_path.as_deref(),
+            SourceKind::Kafka(k) => k.dead_letter_path.as_deref(),
+        };
+        if let Some(dir) = dead_letter
             && let Some(other) = dead_letters.insert(dir, &s.name)
         {
             c.push(
@@ -523,11 +537,17 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
     let label = source_label(index, s.name.as_deref());
     let key = |k: &str| format!("{label}.{k}");
     let name = c
-        .required(&key("name"), s.name)
+        .required(&key("name"), s.name.clone())
         .and_then(|n| check_name(c, &key("name"), n));
+    if s.kind.as_deref() == Some("kafka") {
+        return kafka::source(&label, name, s, base, c);
+    }
     let kind_ok = match s.kind.as_deref() {
         None => {
-            c.push(&key("kind"), "required key is missing: use \"files\"");
+            c.push(
+                &key("kind"),
+                "required key is missing: use \"files\" or \"kafka\"",
+            );
             false
         }
         Some("files") => true,
@@ -536,7 +556,7 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
             // would only add noise.
             c.push(
                 &key("kind"),
-                format!("{other:?} is not a source kind: use \"files\""),
+                format!("{other:?} is not a source kind: use \"files\" or \"kafka\""),
             );
             return None;
         }
@@ -595,46 +615,23 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
             .and_then(NonZeroUsize::new)
             .map(Some),
     };
-    let on_malformed = match s.on_malformed.as_deref() {
-        None => Some(OnMalformed::Permissive),
-        Some(mode) => c.choice(
-            &key("on_malformed"),
-            mode,
-            "an on_malformed mode",
-            &[
-                ("permissive", OnMalformed::Permissive),
-                ("drop", OnMalformed::Drop),
-                ("fail", OnMalformed::Fail),
-                ("dead-letter", OnMalformed::DeadLetter),
-            ],
+    let (on_malformed, dead_letter_path) =
+        malformed_policy(c, &label, s.on_malformed, s.dead_letter_path, base);
+    for (k, here) in [
+        ("bootstrap_servers", s.bootstrap_servers.is_some()),
+        ("subscribe", s.subscribe.is_some()),
+        ("subscribe_pattern", s.subscribe_pattern.is_some()),
+        ("starting_offsets", s.starting_offsets.is_some()),
+        (
+            "max_offsets_per_trigger",
+            s.max_offsets_per_trigger.is_some(),
         ),
-    };
-    let dead_letter_path = match (on_malformed, s.dead_letter_path) {
-        (Some(OnMalformed::DeadLetter), raw) => {
-            if raw.is_none() {
-                c.push(
-                    &key("dead_letter_path"),
-                    "required when on_malformed = \"dead-letter\": the folder for malformed rows",
-                );
-                None
-            } else {
-                c.path(&key("dead_letter_path"), raw, base).map(Some)
-            }
+        ("fail_on_data_loss", s.fail_on_data_loss.is_some()),
+    ] {
+        if here {
+            c.push(&key(k), "a key of kafka sources, not of a files source");
         }
-        (Some(_), Some(_)) => {
-            let mode = s.on_malformed.as_deref().unwrap_or("permissive");
-            c.push(
-                &key("dead_letter_path"),
-                format!(
-                    "only used with on_malformed = \"dead-letter\" (on_malformed is {mode:?}); \
-                     remove it or set on_malformed = \"dead-letter\""
-                ),
-            );
-            None
-        }
-        (Some(_), None) => Some(None),
-        (None, _) => None,
-    };
+    }
     if !kind_ok {
         return None;
     }
@@ -649,6 +646,58 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
             dead_letter_path: dead_letter_path?,
         }),
     })
+}
+
+/// `on_malformed` and the `dead_letter_path` it may require, for the source labelled `label`.
+fn malformed_policy(
+    c: &mut Collector,
+    label: &str,
+    raw_mode: Option<String>,
+    dead_letter_path: Option<String>,
+    base: &Path,
+) -> (Option<OnMalformed>, Option<Option<PathBuf>>) {
+    let key = |k: &str| format!("{label}.{k}");
+    let on_malformed = match raw_mode.as_deref() {
+        None => Some(OnMalformed::Permissive),
+        Some(mode) => c.choice(
+            &key("on_malformed"),
+            mode,
+            "an on_malformed mode",
+            &[
+                ("permissive", OnMalformed::Permissive),
+                ("drop", OnMalformed::Drop),
+                ("fail", OnMalformed::Fail),
+                ("dead-letter", OnMalformed::DeadLetter),
+            ],
+        ),
+    };
+    let dead_letter_path = match (on_malformed, dead_letter_path) {
+        (Some(OnMalformed::DeadLetter), raw) => {
+            if raw.is_none() {
+                c.push(
+                    &key("dead_letter_path"),
+                    "required when on_malformed = \"dead-letter\": the folder for malformed rows",
+                );
+                None
+            } else {
+                c.path(&key("dead_letter_path"), raw, base).map(Some)
+            }
+        }
+        (Some(_), Some(_)) => {
+            let mode = raw_mode.as_deref().unwrap_or("permissive");
+            c.push(
+                &key("dead_letter_path"),
+                format!(
+                    "only used with on_malformed = \"dead-letter\" (on_malformed is {mode:?}); \
+                     remove it or set on_malformed = \"dead-letter\""
+                ),
+            );
+            None
+        }
+        (Some(_), None) => Some(None),
+        (None, _) => None,
+    };
+    (on_malformed, dead_letter_path)
 }
 
 fn delimiter(c: &mut Collector, path: &str, text: &str) -> Option<u8> {
@@ -871,7 +920,7 @@ fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<Plugi
 }
 
 fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
-    const KINDS: [&str; 4] = ["files", "console", "plugin", "memory"];
+    const KINDS: [&str; 5] = ["files", "console", "plugin", "memory", "kafka"];
     let Some(s) = raw else {
         c.push("sink", "required table [sink] is missing");
         return None;
@@ -888,6 +937,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         "console" => &["max_rows"],
         "memory" => &[],
         "plugin" => &["name", "plugin", "config", "limits", "capabilities"],
+        "kafka" => &["bootstrap_servers", "topic", "key", "value", "delivery"],
         other => {
             c.push(
                 "sink.kind",
@@ -905,6 +955,11 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ("config", s.config.is_some()),
         ("limits", s.limits.is_some()),
         ("capabilities", s.capabilities.is_some()),
+        ("bootstrap_servers", s.bootstrap_servers.is_some()),
+        ("topic", s.topic.is_some()),
+        ("key", s.key.is_some()),
+        ("value", s.value.is_some()),
+        ("delivery", s.delivery.is_some()),
     ];
     let mut stray = false;
     for (key, _) in present
@@ -955,6 +1010,16 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             })
         }
         "memory" => Some(SinkSpec::Memory),
+        "kafka" => kafka::sink(
+            kafka::RawKafkaSink {
+                bootstrap_servers: s.bootstrap_servers,
+                topic: s.topic,
+                key: s.key,
+                value: s.value,
+                delivery: s.delivery,
+            },
+            c,
+        ),
         _ => {
             let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
             let plugin = plugin_path(c, "sink.plugin", s.plugin, base);

@@ -1,0 +1,654 @@
+//! Kafka topics as a stream, with Spark's offset protocol: each batch is a range of offsets
+//! per partition, `[start, end)`, where `end` is written to `offsets/N` before the batch runs
+//! and `start` is the previous batch's `end` (for batch 0, the starting offsets, written once
+//! to `sources/<i>/0` when first resolved, so that a restart before the first batch does not
+//! move a `latest` start). The consumer reads a range by `assign()` at `start` and stops at
+//! `end`; consumer groups and committed offsets play no part, so a replayed batch reads
+//! exactly what it read before.
+//!
+//! # Layout
+//! - `mod.rs`: the client side: metadata, watermarks, reading a range.
+//! - [`offsets`]: offset planning (starting offsets, data loss, rate limit), without a broker.
+//! - [`rows`]: records to Arrow, raw or through the JSON decoder.
+
+mod input;
+pub mod offsets;
+pub mod rows;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use arrow_schema::SchemaRef;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::decode::{Decoded, Decoder};
+use crate::spec::{KafkaSourceSpec, KafkaTopics};
+
+pub use self::input::KafkaInput;
+pub use self::offsets::{Available, DataLoss, PartitionOffsets, StartError, TopicPartition};
+use self::rows::{JsonError, Record, Rows};
+
+/// How long one metadata or watermark request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A range that makes no progress for this long fails the batch (retryable).
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// One poll of the consumer.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The range batch N reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KafkaPlan {
+    pub start: PartitionOffsets,
+    pub end: PartitionOffsets,
+    /// The latest offsets when the batch was planned (Spark's `latestOffset`); the end
+    /// offsets for a replayed batch.
+    pub latest: PartitionOffsets,
+}
+
+impl KafkaPlan {
+    /// Records in the range.
+    pub fn len(&self) -> u64 {
+        offsets::count(&self.start, &self.end)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A Kafka source failed. Every variant names the source, and the partition and offsets
+/// where one is involved.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSourceError {
+    #[error("source {source_name}: cannot create a Kafka client for {bootstrap}: {error}")]
+    Client {
+        source_name: String,
+        bootstrap: String,
+        error: Box<KafkaError>,
+    },
+    #[error("source {source_name}: cannot read the topics of {bootstrap}: {error}")]
+    Metadata {
+        source_name: String,
+        bootstrap: String,
+        error: Box<KafkaError>,
+    },
+    #[error("source {source_name}: cannot read the offsets of {tp}: {error}")]
+    Watermarks {
+        source_name: String,
+        tp: TopicPartition,
+        error: Box<KafkaError>,
+    },
+    #[error("source {source_name}: {error}")]
+    Start {
+        source_name: String,
+        error: StartError,
+    },
+    #[error(
+        "source {source_name}: data loss{}:\n  - {}\nSet fail_on_data_loss = false to skip lost offsets with a warning.",
+        .batch_id.map(|b| format!(" in batch {b}")).unwrap_or_default(),
+        .losses.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  - ")
+    )]
+    DataLoss {
+        source_name: String,
+        batch_id: Option<u64>,
+        losses: Vec<DataLoss>,
+    },
+    #[error("source {source_name}: batch {batch_id}: reading {tp} [{start}, {end}): {error}")]
+    Consume {
+        source_name: String,
+        batch_id: u64,
+        tp: TopicPartition,
+        start: i64,
+        end: i64,
+        error: Box<KafkaError>,
+    },
+    #[error("source {source_name}: batch {batch_id}: {error}")]
+    Poll {
+        source_name: String,
+        batch_id: u64,
+        error: Box<KafkaError>,
+    },
+    #[error(
+        "source {source_name}: batch {batch_id}: {tp} stopped at offset {position} short of {end} for {}s",
+        STALL_TIMEOUT.as_secs()
+    )]
+    Stalled {
+        source_name: String,
+        batch_id: u64,
+        tp: TopicPartition,
+        position: i64,
+        end: i64,
+    },
+    #[error("source {source_name}: batch {batch_id}: {error}")]
+    Json {
+        source_name: String,
+        batch_id: u64,
+        error: JsonError,
+    },
+    #[error("source {source_name}: batch {batch_id}: building rows: {error}")]
+    Arrow {
+        source_name: String,
+        batch_id: u64,
+        error: arrow_schema::ArrowError,
+    },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+impl KafkaSourceError {
+    /// Broker trouble may pass; lost data and bad records do not.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Metadata { .. }
+                | Self::Watermarks { .. }
+                | Self::Consume { .. }
+                | Self::Poll { .. }
+                | Self::Stalled { .. }
+        )
+    }
+}
+
+/// Records of Kafka topics read as a stream.
+pub struct KafkaSource {
+    name: String,
+    index: usize,
+    spec: KafkaSourceSpec,
+    pattern: Option<regex::Regex>,
+    consumer: BaseConsumer,
+    decoder: Option<Decoder>,
+    schema: SchemaRef,
+    /// Where the next batch starts: the end of the last planned batch, or the starting
+    /// offsets once resolved; `None` before that.
+    next_start: Option<PartitionOffsets>,
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("name", &self.name)
+            .field("topics", &self.spec.topics)
+            .field("next_start", &self.next_start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource {
+    /// Connects (lazily: librdkafka connects on first use) and learns where the query stands:
+    /// `last_end` is the end of the last planned batch (from `offsets/N`), else the starting
+    /// offsets recorded in `sources/<index>/0` count, if any.
+    ///
+    /// # Errors
+    /// When the client cannot be configured or the source log cannot be read.
+    pub fn open(
+        name: String,
+        index: usize,
+        spec: KafkaSourceSpec,
+        decoder: Option<Decoder>,
+        checkpoint: &Checkpoint,
+        last_end: Option<PartitionOffsets>,
+    ) -> Result<Self, KafkaSourceError> {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", &spec.bootstrap_servers)
+            // Ranges are read by assignment; a group id is only a label here.
+            .set("group.id", format!("weir-{name}"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // An offset out of range is data loss, never a silent jump.
+            .set("auto.offset.reset", "error")
+            // A long-poll fetch outstanding at the end of a range delays the next assign
+            // by this much (librdkafka's default of 500 ms would add it to every batch).
+            .set("fetch.wait.max.ms", "20")
+            // Output of a transactional Kafka sink is read committed (and so are the
+            // watermarks: the high watermark is then the last stable offset).
+            .set("isolation.level", "read_committed")
+            .create::<BaseConsumer>()
+            .map_err(|error| KafkaSourceError::Client {
+                source_name: name.clone(),
+                bootstrap: spec.bootstrap_servers.clone(),
+                error: Box::new(error),
+            })?;
+        let pattern = match &spec.topics {
+            // The pattern was checked by the spec; anchored, it must match a whole name.
+            KafkaTopics::Pattern(p) => regex::Regex::new(&format!("^(?:{p})$")).ok(),
+            KafkaTopics::Subscribe(_) => None,
+        };
+        let schema = match &decoder {
+            Some(d) => std::sync::Arc::clone(d.output_schema()),
+            None => rows::raw_schema(),
+        };
+        let next_start = match last_end {
+            Some(end) => Some(end),
+            None => checkpoint.source_log(index).get::<PartitionOffsets>(0)?,
+        };
+        Ok(Self {
+            name,
+            index,
+            spec,
+            pattern,
+            consumer,
+            decoder,
+            schema,
+            next_start,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Spark's `sources[].description`.
+    pub fn description(&self) -> String {
+        match &self.spec.topics {
+            KafkaTopics::Subscribe(t) => format!("KafkaV2[Subscribe[{}]]", t.join(",")),
+            KafkaTopics::Pattern(p) => format!("KafkaV2[SubscribePattern[{p}]]"),
+        }
+    }
+
+    /// The rows' schema: Spark's Kafka columns, or the decoded value.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Whether the source decodes JSON values (and so may have malformed records).
+    pub fn decodes(&self) -> bool {
+        self.decoder.is_some()
+    }
+
+    /// The partitions of the subscribed topics now, with their low and high watermarks.
+    ///
+    /// # Errors
+    /// When the broker cannot be asked.
+    pub fn available(&self) -> Result<Available, KafkaSourceError> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(|error| KafkaSourceError::Metadata {
+                source_name: self.name.clone(),
+                bootstrap: self.spec.bootstrap_servers.clone(),
+                error: Box::new(error),
+            })?;
+        let mut available = Available::default();
+        for topic in metadata.topics() {
+            let wanted = match (&self.spec.topics, &self.pattern) {
+                (KafkaTopics::Subscribe(names), _) => names.iter().any(|n| n == topic.name()),
+                (KafkaTopics::Pattern(_), Some(re)) => {
+                    !topic.name().starts_with("__") && re.is_match(topic.name())
+                }
+                (KafkaTopics::Pattern(_), None) => false,
+            };
+            if !wanted || topic.error().is_some() {
+                continue;
+            }
+            for partition in topic.partitions() {
+                let tp = TopicPartition::new(topic.name(), partition.id());
+                let (low, high) = self
+                    .consumer
+                    .fetch_watermarks(topic.name(), partition.id(), REQUEST_TIMEOUT)
+                    .map_err(|error| KafkaSourceError::Watermarks {
+                        source_name: self.name.clone(),
+                        tp: tp.clone(),
+                        error: Box::new(error),
+                    })?;
+                available.earliest.0.insert(tp.clone(), low);
+                available.latest.0.insert(tp, high);
+            }
+        }
+        Ok(available)
+    }
+
+    /// The latest offsets now (the target of an available-now run).
+    ///
+    /// # Errors
+    /// When the broker cannot be asked.
+    pub fn latest(&self) -> Result<PartitionOffsets, KafkaSourceError> {
+        Ok(self.available()?.latest)
+    }
+
+    /// Plans the next batch: from where the last one ended up to the latest offsets (at most
+    /// `until`, the target of an available-now run), capped by `max_offsets_per_trigger`
+    /// unless `unlimited`. `None` when there is nothing new to read. Resolving the starting
+    /// offsets of a new query writes them to `sources/<i>/0` first.
+    ///
+    /// # Errors
+    /// When the broker cannot be asked, the starting offsets name partitions wrongly, or
+    /// offsets to read are gone and `fail_on_data_loss` holds.
+    pub fn plan(
+        &mut self,
+        checkpoint: &Checkpoint,
+        until: Option<&PartitionOffsets>,
+        unlimited: bool,
+    ) -> Result<Option<KafkaPlan>, KafkaSourceError> {
+        let available = self.available()?;
+        let previous = self.resolve_start(checkpoint, &available)?;
+        let (start, losses) = offsets::reconcile(&previous, &available);
+        if !losses.is_empty() {
+            self.data_loss(None, losses)?;
+        }
+        let bound = match until {
+            None => available.latest.clone(),
+            Some(until) => PartitionOffsets(
+                available
+                    .latest
+                    .0
+                    .iter()
+                    .map(|(tp, &latest)| {
+                        let from = start.get(tp).unwrap_or(latest);
+                        (tp.clone(), until.get(tp).map_or(from, |u| u.min(latest)))
+                    })
+                    .collect(),
+            ),
+        };
+        let limit = if unlimited {
+            None
+        } else {
+            self.spec.max_offsets_per_trigger.map(|n| n.get())
+        };
+        let end = offsets::end_offsets(&start, &bound, limit);
+        let plan = KafkaPlan {
+            start,
+            end,
+            latest: available.latest,
+        };
+        Ok((!plan.is_empty()).then_some(plan))
+    }
+
+    /// Where the next batch starts; for a new query, the starting offsets, resolved against
+    /// `available` and written to `sources/<i>/0` the first time.
+    fn resolve_start(
+        &mut self,
+        checkpoint: &Checkpoint,
+        available: &Available,
+    ) -> Result<PartitionOffsets, KafkaSourceError> {
+        if let Some(p) = &self.next_start {
+            return Ok(p.clone());
+        }
+        let initial =
+            offsets::starting(&self.spec.starting_offsets, available).map_err(|error| {
+                KafkaSourceError::Start {
+                    source_name: self.name.clone(),
+                    error,
+                }
+            })?;
+        checkpoint.source_log(self.index).put(0, &initial)?;
+        self.next_start = Some(initial.clone());
+        Ok(initial)
+    }
+
+    /// A batch that reads nothing (a no-data batch run for the watermark).
+    ///
+    /// # Errors
+    /// When a new query cannot resolve its starting offsets.
+    pub fn empty_plan(&mut self, checkpoint: &Checkpoint) -> Result<KafkaPlan, KafkaSourceError> {
+        let at = match &self.next_start {
+            Some(at) => at.clone(),
+            None => {
+                let available = self.available()?;
+                self.resolve_start(checkpoint, &available)?
+            }
+        };
+        Ok(KafkaPlan {
+            start: at.clone(),
+            end: at.clone(),
+            latest: at,
+        })
+    }
+
+    /// Batch `plan` is planned: the next one starts where it ends.
+    pub fn planned(&mut self, plan: &KafkaPlan) {
+        self.next_start = Some(plan.end.clone());
+    }
+
+    fn data_loss(
+        &self,
+        batch_id: Option<u64>,
+        losses: Vec<DataLoss>,
+    ) -> Result<(), KafkaSourceError> {
+        if self.spec.fail_on_data_loss {
+            return Err(KafkaSourceError::DataLoss {
+                source_name: self.name.clone(),
+                batch_id,
+                losses,
+            });
+        }
+        for loss in &losses {
+            tracing::warn!(source = %self.name, "data loss, skipped (fail_on_data_loss = false): {loss}");
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `[start, end)` of every partition of `plan` and turns the records into
+    /// rows. Offsets removed since the batch was planned are data loss.
+    ///
+    /// # Errors
+    /// When the broker fails or stalls, offsets are gone (and `fail_on_data_loss` holds), or
+    /// a value is malformed under the `fail` policy.
+    pub fn read(&mut self, batch_id: u64, plan: &KafkaPlan) -> Result<Decoded, KafkaSourceError> {
+        // (partition, next offset wanted, end)
+        let mut ranges: Vec<(TopicPartition, i64, i64)> = Vec::new();
+        let mut losses = Vec::new();
+        for (tp, &end) in &plan.end.0 {
+            let mut start = plan.start.get(tp).unwrap_or(end);
+            if start >= end {
+                continue;
+            }
+            let (low, _) = self
+                .consumer
+                .fetch_watermarks(&tp.topic, tp.partition, REQUEST_TIMEOUT)
+                .map_err(|error| KafkaSourceError::Watermarks {
+                    source_name: self.name.clone(),
+                    tp: tp.clone(),
+                    error: Box::new(error),
+                })?;
+            if low > start {
+                losses.push(DataLoss::Truncated {
+                    tp: tp.clone(),
+                    from: start,
+                    earliest: low.min(end),
+                });
+                start = low;
+            }
+            if start < end {
+                ranges.push((tp.clone(), start, end));
+            }
+        }
+        if !losses.is_empty() {
+            self.data_loss(Some(batch_id), losses)?;
+        }
+        let mut out = Decoded::default();
+        if ranges.is_empty() {
+            return Ok(out);
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (tp, start, _) in &ranges {
+            assignment
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*start))
+                .map_err(|error| self.consume_error(batch_id, tp, *start, *start, error))?;
+        }
+        self.consumer
+            .assign(&assignment)
+            .map_err(|error| KafkaSourceError::Poll {
+                source_name: self.name.clone(),
+                batch_id,
+                error: Box::new(error),
+            })?;
+        let json = self.decoder.is_some();
+        // One set of rows per partition, in partition order: a replay yields the same
+        // batches whatever order the broker's fetch responses came in.
+        let mut rows: Vec<Rows> = ranges
+            .iter()
+            .map(|_| if json { Rows::json() } else { Rows::raw() })
+            .collect();
+        let result = self.consume(batch_id, &ranges, &mut rows, &mut out.num_input_rows);
+        // Nothing stays assigned between batches: no fetch runs ahead of the plan.
+        let _ = self.consumer.unassign();
+        result?;
+        match (&mut self.decoder, rows) {
+            (Some(decoder), rows) => {
+                for ((tp, _, _), r) in ranges.iter().zip(rows) {
+                    if let Rows::Json(j) = r
+                        && !j.is_empty()
+                    {
+                        j.decode(tp, decoder, &mut out).map_err(|error| {
+                            KafkaSourceError::Json {
+                                source_name: self.name.clone(),
+                                batch_id,
+                                error,
+                            }
+                        })?;
+                    }
+                }
+            }
+            (None, rows) => {
+                for r in rows {
+                    if let Rows::Raw(raw) = r
+                        && let Some(batch) =
+                            raw.finish(&self.schema)
+                                .map_err(|error| KafkaSourceError::Arrow {
+                                    source_name: self.name.clone(),
+                                    batch_id,
+                                    error,
+                                })?
+                    {
+                        out.batches.push(batch);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Polls until every range is complete: its last offset delivered, or the consumer's
+    /// position past it (control records of transactions are never delivered).
+    fn consume(
+        &self,
+        batch_id: u64,
+        ranges: &[(TopicPartition, i64, i64)],
+        rows: &mut [Rows],
+        count: &mut u64,
+    ) -> Result<(), KafkaSourceError> {
+        let mut open = ranges.len();
+        let mut last_progress = Instant::now();
+        let by_topic: BTreeMap<(&str, i32), usize> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, (tp, _, _))| ((tp.topic.as_str(), tp.partition), i))
+            .collect();
+        let mut done = vec![false; ranges.len()];
+        let mut nexts: Vec<i64> = ranges.iter().map(|(_, start, _)| *start).collect();
+        while open > 0 {
+            match self.consumer.poll(POLL) {
+                Some(Ok(message)) => {
+                    let Some(&i) = by_topic.get(&(message.topic(), message.partition())) else {
+                        continue;
+                    };
+                    let (tp, _, end) = &ranges[i];
+                    let next = &mut nexts[i];
+                    let offset = message.offset();
+                    if done[i] || offset < *next || offset >= *end {
+                        continue;
+                    }
+                    // Batch markers of Weir's Kafka sink are bookkeeping, not rows.
+                    let marker = crate::sink::kafka::is_marker(&message);
+                    let record = Record {
+                        key: message.key(),
+                        value: message.payload(),
+                        offset,
+                        timestamp: match message.timestamp() {
+                            Timestamp::NotAvailable => None,
+                            Timestamp::CreateTime(ms) => Some((ms, 0)),
+                            Timestamp::LogAppendTime(ms) => Some((ms, 1)),
+                        },
+                    };
+                    if !marker {
+                        rows[i].push(tp, &record);
+                        *count += 1;
+                    }
+                    *next = offset + 1;
+                    last_progress = Instant::now();
+                    if *next >= *end {
+                        done[i] = true;
+                        open -= 1;
+                    }
+                }
+                Some(Err(error)) => {
+                    let (tp, _, end) = &ranges[0];
+                    let next = &nexts[0];
+                    return Err(match error {
+                        KafkaError::PartitionEOF(_) => continue,
+                        error if ranges.len() == 1 => {
+                            self.consume_error(batch_id, tp, *next, *end, error)
+                        }
+                        error => KafkaSourceError::Poll {
+                            source_name: self.name.clone(),
+                            batch_id,
+                            error: Box::new(error),
+                        },
+                    });
+                }
+                None => {
+                    let position =
+                        self.consumer
+                            .position()
+                            .map_err(|error| KafkaSourceError::Poll {
+                                source_name: self.name.clone(),
+                                batch_id,
+                                error: Box::new(error),
+                            })?;
+                    for element in position.elements() {
+                        let Some(&i) = by_topic.get(&(element.topic(), element.partition())) else {
+                            continue;
+                        };
+                        if let Offset::Offset(p) = element.offset()
+                            && !done[i]
+                            && p >= ranges[i].2
+                        {
+                            done[i] = true;
+                            open -= 1;
+                        }
+                    }
+                    if open > 0 && last_progress.elapsed() > STALL_TIMEOUT {
+                        let i = done.iter().position(|d| !d).unwrap_or(0);
+                        let (tp, _, end) = &ranges[i];
+                        let next = &nexts[i];
+                        return Err(KafkaSourceError::Stalled {
+                            source_name: self.name.clone(),
+                            batch_id,
+                            tp: tp.clone(),
+                            position: *next,
+                            end: *end,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn consume_error(
+        &self,
+        batch_id: u64,
+        tp: &TopicPartition,
+        start: i64,
+        end: i64,
+        error: KafkaError,
+    ) -> KafkaSourceError {
+        KafkaSourceError::Consume {
+            source_name: self.name.clone(),
+            batch_id,
+            tp: tp.clone(),
+            start,
+            end,
+            error: Box::new(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

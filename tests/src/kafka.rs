@@ -1,0 +1,190 @@
+//! A Kafka-protocol broker for the tests: librdkafka's mock cluster, started inside the test
+//! process on 127.0.0.1 with a random port. The `weir` child process reaches it over TCP like
+//! any broker. The mock keeps at most 5 MiB per partition, so records are produced with lz4.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// A running mock cluster of one broker.
+pub struct Broker {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("bootstrap", &self.bootstrap())
+            .finish()
+    }
+}
+
+/// One record read back from a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// Header `weir.batch`, if any.
+    pub marker: Option<String>,
+}
+
+impl Broker {
+    /// Starts a broker on a random port of 127.0.0.1.
+    pub fn start() -> Result<Self> {
+        let cluster = MockCluster::new(1).context("starting the mock cluster")?;
+        Ok(Self { cluster })
+    }
+
+    /// `host:port` of the broker.
+    pub fn bootstrap(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        self.cluster
+            .create_topic(topic, partitions, 1)
+            .with_context(|| format!("creating topic {topic}"))
+    }
+
+    /// Produces `values` to `topic`, value `i` to partition `i % partitions`, key `k<i>`,
+    /// lz4-compressed, and waits until all are acknowledged.
+    pub fn produce(&self, topic: &str, partitions: i32, values: &[String]) -> Result<()> {
+        self.send(topic, |i| (i as i32) % partitions, "lz4", values)
+    }
+
+    /// Produces `values` to one partition with compression `codec` ("none", "lz4", ...).
+    pub fn produce_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        codec: &str,
+        values: &[String],
+    ) -> Result<()> {
+        self.send(topic, |_| partition, codec, values)
+    }
+
+    fn send(
+        &self,
+        topic: &str,
+        partition_of: impl Fn(usize) -> i32,
+        codec: &str,
+        values: &[String],
+    ) -> Result<()> {
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("compression.codec", codec)
+            .set("linger.ms", "5")
+            .create()
+            .context("creating a producer")?;
+        for (i, v) in values.iter().enumerate() {
+            let key = format!("k{i}");
+            let partition = partition_of(i);
+            let mut record = BaseRecord::to(topic)
+                .partition(partition)
+                .key(key.as_bytes())
+                .payload(v.as_bytes());
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, r)) => {
+                        if e.rdkafka_error_code()
+                            != Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                        {
+                            bail!("producing to {topic}: {e}");
+                        }
+                        record = r;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        producer
+            .flush(Duration::from_secs(30))
+            .context("flushing the producer")?;
+        Ok(())
+    }
+
+    /// Low and high watermark of one partition.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        let consumer = self.consumer()?;
+        Ok(consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?)
+    }
+
+    fn consumer(&self) -> Result<BaseConsumer> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("group.id", "weir-tests")
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "20")
+            .create()?)
+    }
+
+    /// Every record of `topic`, partition by partition in offset order.
+    pub fn read_all(&self, topic: &str, partitions: i32) -> Result<Vec<Read>> {
+        let consumer = self.consumer()?;
+        let mut out = Vec::new();
+        for p in 0..partitions {
+            let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            if high <= low {
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+            consumer.assign(&tpl)?;
+            let mut next = low;
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while next < high {
+                if std::time::Instant::now() > deadline {
+                    bail!("reading {topic}-{p}: stuck at {next} of {high}");
+                }
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        next = m.offset() + 1;
+                        let marker = m.headers().and_then(|h| {
+                            h.iter()
+                                .find(|h| h.key == "weir.batch")
+                                .and_then(|h| h.value)
+                                .map(|v| String::from_utf8_lossy(v).into_owned())
+                        });
+                        out.push(Read {
+                            partition: p,
+                            offset: m.offset(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec),
+                            marker,
+                        });
+                    }
+                    Some(Err(e)) => bail!("reading {topic}-{p}: {e}"),
+                    None => {}
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The non-blank lines of the `orders-*.json` files in `dir`, in file order.
+pub fn order_lines(dir: &std::path::Path) -> Result<Vec<String>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    let mut lines = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f)?;
+        lines.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_owned),
+        );
+    }
+    Ok(lines)
+}
