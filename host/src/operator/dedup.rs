@@ -51,14 +51,14 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
 use arrow_array::{Array, BooleanArray, RecordBatch};
 use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
-use arrow_schema::{DataType, SchemaRef, TimeUnit};
+use arrow_schema::{DataType, Field, SchemaRef, TimeUnit};
 use arrow_select::filter::filter_record_batch;
 
 use crate::operator::key_encoding::{
     ColumnEncoder, TAG_VALUE, flip_i64, fnv1a, key_type_supported,
 };
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
 use crate::state::{StateError, StateOptions, StateStore};
 
@@ -594,6 +594,43 @@ impl StatefulOperator for DedupOperator {
     }
 }
 
+/// The shape of the state [`DedupOperator::new`] would keep for `config`
+/// over `input`, found without opening any store: the key is the dedup
+/// keys in state-key order (every input column when `keys` is empty, as
+/// Spark's `dropDuplicates()`); the value is empty, or for
+/// `dropDuplicatesWithinWatermark` the key's `expires_at`.
+///
+/// # Errors
+/// As [`DedupOperator::new`] for a configuration that cannot run.
+pub fn state_schema(config: &DedupConfig, input: &SchemaRef) -> Result<StateSchema, OperatorError> {
+    let name = if config.within_watermark {
+        NAME_WITHIN_WATERMARK
+    } else {
+        NAME_DEDUP
+    };
+    let (keys, _, expiry) = plan(config, input).map_err(|e| OperatorError::Invalid {
+        operator: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    let key = keys
+        .iter()
+        .map(|k| Field::new(&k.name, k.data_type.clone(), true))
+        .collect();
+    let value = match expiry {
+        Expiry::WithinWatermark { .. } => vec![Field::new(
+            "expires_at",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        )],
+        Expiry::Never | Expiry::EventTimeKey => Vec::new(),
+    };
+    Ok(StateSchema {
+        operator: name,
+        key,
+        value,
+    })
+}
+
 /// Resolves the key and event-time columns and the eviction rule.
 fn plan(
     config: &DedupConfig,
@@ -780,3 +817,4 @@ impl Hasher for PassHasher {
         self.0 = v;
     }
 }
+

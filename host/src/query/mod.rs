@@ -29,7 +29,7 @@ use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
@@ -326,10 +326,9 @@ impl Query {
             )?),
             None => None,
         };
-        let stateful = build_stateful(&pipeline, checkpoint.dir(), &schema)?;
-        if let Some(op) = &stateful {
-            schema = Arc::clone(op.output_schema());
-        }
+        // Planned, not opened: no state store is touched before the
+        // fingerprint check, so a refused restart leaves the checkpoint as it was.
+        let planned = plan_stateful(&pipeline, checkpoint.dir(), &schema)?;
 
         // The checkpoint must have been written by this query (§3.3).
         let plugins: Vec<(String, String)> = transforms
@@ -339,7 +338,7 @@ impl Query {
             .collect();
         let fingerprint = fingerprint::of(
             &pipeline,
-            stateful.as_ref().map(|op| op.output_schema().as_ref()),
+            planned.as_ref().map(|p| &p.state_schema),
             &plugins,
         );
         match checkpoint.metadata().fingerprint.clone() {
@@ -359,6 +358,10 @@ impl Query {
                 }
             }
             None => checkpoint.set_fingerprint(fingerprint)?,
+        }
+        let stateful = planned.map(|p| p.open(&schema)).transpose()?;
+        if let Some(op) = &stateful {
+            schema = Arc::clone(op.output_schema());
         }
 
         // Where the watermark stands (§3.1): the last planned batch's, and
@@ -881,13 +884,35 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The stateful operator of a pipeline, checked against its input schema
+/// and Spark's rules for output modes, but not opened.
+struct PlannedStateful {
+    config: StatefulConfig,
+    state_schema: StateSchema,
+}
+
+enum StatefulConfig {
+    Aggregate(AggregateConfig),
+    Dedup(DedupConfig),
+}
+
+impl PlannedStateful {
+    /// Opens the operator's state stores (creating them on a first start).
+    fn open(self, schema: &SchemaRef) -> Result<Box<dyn StatefulOperator>, QueryError> {
+        Ok(match self.config {
+            StatefulConfig::Aggregate(config) => Box::new(AggregateOperator::new(config, schema)?),
+            StatefulConfig::Dedup(config) => Box::new(DedupOperator::new(config, schema)?),
+        })
+    }
+}
+
 /// The stateful operator of the pipeline, if any, checked against Spark's
-/// rules for output modes.
-fn build_stateful(
+/// rules for output modes; touches no file.
+fn plan_stateful(
     pipeline: &Pipeline,
     checkpoint_dir: &std::path::Path,
     schema: &SchemaRef,
-) -> Result<Option<Box<dyn StatefulOperator>>, QueryError> {
+) -> Result<Option<PlannedStateful>, QueryError> {
     let query = &pipeline.query;
     let invalid = |message: String| QueryError::Invalid {
         query: query.name.clone(),
@@ -941,24 +966,25 @@ fn build_stateful(
                 "the aggregation has no [watermark]: its state grows without bound; declare one so old windows can be evicted"
             );
         }
-        let op = AggregateOperator::new(
-            AggregateConfig {
-                window,
-                group_by: a.group_by.clone(),
-                aggregates,
-                output_mode: match query.output_mode {
-                    OutputMode::Append => AggOutputMode::Append,
-                    OutputMode::Update => AggOutputMode::Update,
-                    OutputMode::Complete => AggOutputMode::Complete,
-                },
-                watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
-                num_partitions: query.state_partitions,
-                state_dir,
-                state,
+        let config = AggregateConfig {
+            window,
+            group_by: a.group_by.clone(),
+            aggregates,
+            output_mode: match query.output_mode {
+                OutputMode::Append => AggOutputMode::Append,
+                OutputMode::Update => AggOutputMode::Update,
+                OutputMode::Complete => AggOutputMode::Complete,
             },
-            schema,
-        )?;
-        return Ok(Some(Box::new(op)));
+            watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
+            num_partitions: query.state_partitions,
+            state_dir,
+            state,
+        };
+        let state_schema = crate::operator::aggregate::state_schema(&config, schema)?;
+        return Ok(Some(PlannedStateful {
+            config: StatefulConfig::Aggregate(config),
+            state_schema,
+        }));
     }
     if let Some(d) = &pipeline.deduplicate {
         if query.output_mode == OutputMode::Complete {
@@ -973,19 +999,20 @@ fn build_stateful(
                 "deduplication keys do not include the watermarked event time: its state grows without bound (use within_watermark = true, or add the event-time column to the keys)"
             );
         }
-        let op = DedupOperator::new(
-            DedupConfig {
-                keys: d.keys.clone(),
-                within_watermark: d.within_watermark,
-                event_time,
-                delay_ms,
-                num_partitions: query.state_partitions,
-                state_dir,
-                state,
-            },
-            schema,
-        )?;
-        return Ok(Some(Box::new(op)));
+        let config = DedupConfig {
+            keys: d.keys.clone(),
+            within_watermark: d.within_watermark,
+            event_time,
+            delay_ms,
+            num_partitions: query.state_partitions,
+            state_dir,
+            state,
+        };
+        let state_schema = crate::operator::dedup::state_schema(&config, schema)?;
+        return Ok(Some(PlannedStateful {
+            config: StatefulConfig::Dedup(config),
+            state_schema,
+        }));
     }
     if query.output_mode == OutputMode::Complete {
         return Err(invalid(
