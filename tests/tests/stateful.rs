@@ -665,3 +665,40 @@ fn a_checkpoint_with_the_older_fingerprint_resumes_when_its_keys_match() -> Resu
     Ok(())
 }
 
+#[test]
+fn dedup_state_stays_bounded_with_the_event_time_among_its_keys_and_grows_without() -> Result<()> {
+    // 150 one-minute files: 150 batches of 20 orders each.
+    let ws = Workspace::new(150, 20)?;
+    let keyed = dedup("dedup_bounded", r#"["order_id", "occurred_at"]"#, false);
+    let summary = run(ws.path(), &keyed).map_err(anyhow::Error::msg)?;
+    let valid = ws.orders.lines - ws.orders.malformed;
+    assert_eq!(summary.output_rows, valid, "every order is distinct");
+    let bounded = state_rows(&ws.path().join("checkpoints/dedup_bounded"))?;
+    assert_eq!(bounded.len(), 151, "150 data batches and the no-data batch");
+    // The watermark (10 minutes behind the newest order) keeps about 11
+    // files of keys: the ten minutes of delay and the file just read.
+    let ceiling: u64 = 13 * 20;
+    assert!(
+        bounded.iter().all(|&n| n <= ceiling),
+        "state rows per batch: {bounded:?}"
+    );
+    assert!(
+        bounded.iter().any(|&n| n > 10 * 18),
+        "the delay's worth is kept: {bounded:?}"
+    );
+
+    let by_order = dedup("dedup_unbounded", r#"["order_id"]"#, false);
+    run(ws.path(), &by_order).map_err(anyhow::Error::msg)?;
+    let unbounded = state_rows(&ws.path().join("checkpoints/dedup_unbounded"))?;
+    assert!(
+        unbounded.windows(2).all(|w| w[0] <= w[1]),
+        "never shrinks: {unbounded:?}"
+    );
+    assert_eq!(
+        unbounded.last().copied(),
+        Some(valid),
+        "one key per order ever seen"
+    );
+    assert!(valid > 5 * ceiling);
+    Ok(())
+}
