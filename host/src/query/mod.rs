@@ -925,6 +925,16 @@ fn plan_stateful(
         },
         ..StateOptions::default()
     };
+    // The rules `weir validate` checks too (a pipeline built in code has
+    // not been through them), then the warnings, logged for the operator.
+    let problems = spec::stateful_problems(pipeline);
+    if !problems.is_empty() {
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(invalid(problems.join("; ")));
+    }
+    for warning in spec::stateful_warnings(pipeline) {
+        tracing::warn!(query = %query.name, "{warning}");
+    }
     let state_dir = checkpoint_dir.join("state").join("0");
     let delay_ms = pipeline.watermark.as_ref().map_or(0, |w| {
         i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX)
@@ -960,12 +970,6 @@ fn plan_stateful(
                 }
             },
         });
-        if pipeline.watermark.is_none() {
-            tracing::warn!(
-                query = %query.name,
-                "the aggregation has no [watermark]: its state grows without bound; declare one so old windows can be evicted"
-            );
-        }
         let config = AggregateConfig {
             window,
             group_by: a.group_by.clone(),
@@ -987,18 +991,7 @@ fn plan_stateful(
         }));
     }
     if let Some(d) = &pipeline.deduplicate {
-        if query.output_mode == OutputMode::Complete {
-            return Err(invalid(
-                "complete output mode needs an aggregation; deduplication supports append and update".into(),
-            ));
-        }
         let event_time = pipeline.watermark.as_ref().map(|w| w.column.clone());
-        if !event_time.as_ref().is_some_and(|c| d.keys.contains(c)) && !d.within_watermark {
-            tracing::warn!(
-                query = %query.name,
-                "deduplication keys do not include the watermarked event time: its state grows without bound (use within_watermark = true, or add the event-time column to the keys)"
-            );
-        }
         let config = DedupConfig {
             keys: d.keys.clone(),
             within_watermark: d.within_watermark,
@@ -1013,11 +1006,6 @@ fn plan_stateful(
             config: StatefulConfig::Dedup(config),
             state_schema,
         }));
-    }
-    if query.output_mode == OutputMode::Complete {
-        return Err(invalid(
-            "complete output mode is only for queries with an [aggregate]: use append".into(),
-        ));
     }
     Ok(None)
 }
