@@ -544,23 +544,6 @@ impl StatefulOperator for DedupOperator {
         Ok(out)
     }
 
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError> {
-        let Some((start, end)) = self.expired_range(watermark_ms) else {
-            return Ok(false);
-        };
-        let mut found = false;
-        for store in &self.stores {
-            store.scan(&start, Some(&end), &mut |_, _| {
-                found = true;
-                Ok(false)
-            })?;
-            if found {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         let started = Instant::now();
         for store in &mut self.stores {

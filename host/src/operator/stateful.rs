@@ -93,12 +93,6 @@ pub trait StatefulOperator: Send {
         input: &[RecordBatch],
     ) -> Result<Vec<RecordBatch>, OperatorError>;
 
-    /// Whether a batch at this watermark would emit or evict anything.
-    ///
-    /// # Errors
-    /// When the state cannot be read.
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError>;
-
     /// Commits the state as version `batch_id`, after the sink wrote the batch.
     ///
     /// # Errors

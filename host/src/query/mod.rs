@@ -718,7 +718,8 @@ impl Query {
         [wal_ms, commit_ms, total_ms]: [u64; 3],
     ) -> QueryProgress {
         let mut duration_ms = BTreeMap::new();
-        duration_ms.insert("latestOffset", 0);
+        // Finding the input: listing the source since the last record.
+        duration_ms.insert("latestOffset", millis(self.source.take_listing_time()));
         duration_ms.insert("walCommit", wal_ms);
         duration_ms.insert("getBatch", outcome.get_batch_ms);
         duration_ms.insert("addBatch", outcome.add_batch_ms);

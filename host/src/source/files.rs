@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +79,9 @@ pub struct FilesSource {
     max_files: Option<NonZeroUsize>,
     seen: HashSet<String>,
     decoder: Decoder,
+    /// Time spent listing the folder (µs) since the last
+    /// [`FilesSource::take_listing_time`]: Spark's `durationMs.latestOffset`.
+    listing_micros: AtomicU64,
 }
 
 impl FilesSource {
@@ -116,6 +120,7 @@ impl FilesSource {
             max_files,
             seen,
             decoder,
+            listing_micros: AtomicU64::new(0),
         })
     }
 
@@ -138,6 +143,20 @@ impl FilesSource {
     /// # Errors
     /// When the folder cannot be listed.
     pub fn list_new(&self) -> Result<Vec<FileEntry>, SourceError> {
+        let started = Instant::now();
+        let listed = self.list_unseen();
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.listing_micros.fetch_add(micros, Ordering::Relaxed);
+        listed
+    }
+
+    /// The time [`Self::list_new`] spent since the last call of this
+    /// function (what finding a batch's input cost), then zero again.
+    pub fn take_listing_time(&self) -> Duration {
+        Duration::from_micros(self.listing_micros.swap(0, Ordering::Relaxed))
+    }
+
+    fn list_unseen(&self) -> Result<Vec<FileEntry>, SourceError> {
         let list_err = |error| SourceError::List {
             source_name: self.name.clone(),
             dir: self.dir.clone(),
@@ -279,4 +298,41 @@ fn read_prefix(path: &Path, size: u64, buf: &mut Vec<u8>) -> Result<(), ReadErro
         return Err(ReadError::Short(buf.len() as u64));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::decode::DecoderOptions;
+
+    #[test]
+    fn listing_time_is_measured_and_taken_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data folder");
+        for i in 0..50 {
+            std::fs::write(data.join(format!("f{i:03}.json")), b"{\"a\":1}\n").expect("file");
+        }
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).expect("checkpoint");
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let decoder = Decoder::new(schema, DecoderOptions::default()).expect("decoder");
+        let source = FilesSource::open("s".into(), 0, data, None, decoder, &checkpoint, None)
+            .expect("source opens");
+        assert_eq!(source.take_listing_time(), Duration::ZERO);
+        let files = source.list_new().expect("listing");
+        assert_eq!(files.len(), 50);
+        let first = source.take_listing_time();
+        assert!(first > Duration::ZERO, "listing 50 files takes time");
+        assert_eq!(source.take_listing_time(), Duration::ZERO, "taken");
+        source.list_new().expect("listing");
+        source.list_new().expect("listing");
+        assert!(
+            source.take_listing_time() > Duration::ZERO,
+            "both listings add up"
+        );
+    }
 }

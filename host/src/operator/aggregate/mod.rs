@@ -821,25 +821,6 @@ impl StatefulOperator for AggregateOperator {
         Ok(batch.into_iter().collect())
     }
 
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError> {
-        if !self.plan.evicts {
-            return Ok(false);
-        }
-        let (start, end) =
-            Self::expired_range(&self.plan, GROUP, watermark_ms.saturating_mul(1000));
-        for store in &self.stores {
-            let mut found = false;
-            store.scan(&start, Some(&end), &mut |_, _| {
-                found = true;
-                Ok(false)
-            })?;
-            if found {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         let started = Instant::now();
         for store in &mut self.stores {
