@@ -354,7 +354,7 @@ struct ManualClock(std::sync::atomic::AtomicI64);
 
 impl weir_host::query::Clock for ManualClock {
     fn now_ms(&self) -> i64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -367,8 +367,7 @@ fn offsets_watermark(checkpoint: &Path, batch: u64) -> Result<i64> {
 
 #[test]
 fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::atomic::AtomicI64;
     let ws = Workspace::new(3, 40)?;
     let text = revenue("idle", true, "", r#"["status"]"#)
         .replace("trigger = \"available-now\"\n", "")
