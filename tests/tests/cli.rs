@@ -146,3 +146,182 @@ fn the_demo_runs_end_to_end() -> Result<()> {
     assert!(rows > 0);
     Ok(())
 }
+
+/// A stateful pipeline over the sample orders: `stateful` is the
+/// `[aggregate]` or `[deduplicate]` table, `watermark` the `[watermark]`
+/// table or nothing.
+fn stateful(tag: &str, mode: &str, watermark: &str, stateful: &str) -> String {
+    format!(
+        r#"
+[query]
+name = "{tag}"
+checkpoint = "checkpoints/{tag}"
+trigger = "available-now"
+output_mode = "{mode}"
+state_store = "memory"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "{schema}"
+on_malformed = "drop"
+
+{watermark}
+
+{stateful}
+
+[sink]
+kind = "console"
+"#,
+        schema = weir_tests::SCHEMA
+    )
+}
+
+const WATERMARK: &str = "[watermark]\ncolumn = \"occurred_at\"\ndelay = \"10 minutes\"";
+const REVENUE: &str = "[aggregate]\nwindow = { column = \"occurred_at\", size = \"5 minutes\" }\ngroup_by = [\"status\"]\nselect = [\"sum(amount) AS revenue\"]";
+const SESSIONS: &str = "[aggregate]\nwindow = { column = \"occurred_at\", gap = \"5 minutes\" }\ngroup_by = [\"customer_id\"]\nselect = [\"count(*) AS orders\"]";
+
+#[test]
+fn validate_refuses_the_stateful_combinations_run_refuses() -> Result<()> {
+    let ws = Workspace::new(1, 10)?;
+    let cases = [
+        (
+            stateful("a", "append", "", REVENUE),
+            "query.output_mode: \"append\" needs a [watermark]",
+        ),
+        (
+            stateful("b", "update", WATERMARK, SESSIONS),
+            "aggregate.window.gap: session windows do not support output_mode = \"update\"",
+        ),
+        (
+            stateful(
+                "c",
+                "complete",
+                WATERMARK,
+                "[deduplicate]\nkeys = [\"order_id\"]",
+            ),
+            "query.output_mode: \"complete\" needs an [aggregate]",
+        ),
+        (
+            stateful(
+                "d",
+                "append",
+                "",
+                "[deduplicate]\nkeys = [\"order_id\"]\nwithin_watermark = true",
+            ),
+            "deduplicate.within_watermark: dropDuplicatesWithinWatermark needs a [watermark]",
+        ),
+        (
+            stateful("e", "complete", "", ""),
+            "query.output_mode: \"complete\" is only for queries with an [aggregate]",
+        ),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let file = ws.pipeline(&format!("case{i}.toml"), text)?;
+        for command in ["validate", "run"] {
+            let out = weir(EXE, &cache(), &[command, file.to_str().unwrap_or_default()])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command} case {i}: {stderr}");
+            assert!(
+                stderr.contains(expected),
+                "{command} case {i}: {expected} missing from:\n{stderr}"
+            );
+        }
+    }
+    assert!(
+        !ws.path().join("checkpoints").exists(),
+        "no checkpoint was opened"
+    );
+
+    // Together with the other problems of the file, each with its key.
+    let text = stateful("f", "update", WATERMARK, SESSIONS).replace("available-now", "whenever");
+    let file = ws.pipeline("both.toml", &text)?;
+    let out = weir(
+        EXE,
+        &cache(),
+        &["validate", file.to_str().unwrap_or_default()],
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("2 problem(s)"), "{stderr}");
+    assert!(stderr.contains("query.trigger"), "{stderr}");
+    assert!(stderr.contains("aggregate.window.gap"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn validate_and_run_warn_when_state_can_only_grow() -> Result<()> {
+    let ws = Workspace::new(2, 10)?;
+    let cases = [
+        (
+            stateful("complete", "complete", WATERMARK, REVENUE),
+            Some("\"complete\" keeps every group"),
+        ),
+        (
+            stateful("nowm", "update", "", REVENUE),
+            Some("the aggregation has no [watermark]"),
+        ),
+        (
+            stateful(
+                "by_order",
+                "append",
+                WATERMARK,
+                "[deduplicate]\nkeys = [\"order_id\"]",
+            ),
+            Some("the deduplication keys do not include the watermarked event-time column"),
+        ),
+        (stateful("bounded", "append", WATERMARK, REVENUE), None),
+        (
+            stateful(
+                "keyed",
+                "append",
+                WATERMARK,
+                "[deduplicate]\nkeys = [\"order_id\", \"occurred_at\"]",
+            ),
+            None,
+        ),
+        (
+            stateful(
+                "within",
+                "append",
+                WATERMARK,
+                "[deduplicate]\nkeys = [\"order_id\"]\nwithin_watermark = true",
+            ),
+            None,
+        ),
+    ];
+    for (text, warning) in cases {
+        let file = ws.pipeline("w.toml", &text)?;
+        let path = file.to_str().unwrap_or_default();
+        let out = weir(EXE, &cache(), &["validate", path])?;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stderr}");
+        match warning {
+            Some(w) => {
+                assert!(
+                    stderr.contains("warning: ") && stderr.contains(w),
+                    "{w} missing from:\n{stderr}"
+                );
+                assert!(stdout.contains("1 warning(s)"), "{stdout}");
+            }
+            None => {
+                assert!(!stderr.contains("warning"), "{stderr}");
+                assert!(stdout.contains("0 warning(s)"), "{stdout}");
+            }
+        }
+        // `weir run` logs the same warning before it runs the query.
+        let out = weir(EXE, &cache(), &["run", path])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        match warning {
+            Some(w) => assert!(stderr.contains(w), "run: {w} missing from:\n{stderr}"),
+            None => assert!(!stderr.contains("grows without bound"), "{stderr}"),
+        }
+    }
+    Ok(())
+}

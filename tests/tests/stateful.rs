@@ -1,10 +1,17 @@
 //! Stateful queries: bounded state under a watermark, and a checkpoint that
 //! refuses a query it was not written for.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
-use weir_host::query::{Query, QueryOptions, RunSummary};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use weir_host::operator::{BatchTransform, TransformError};
+use weir_host::plugin::BatchInfo;
+use weir_host::query::{MakeTransform, Query, QueryOptions, RunSummary};
 use weir_host::sink::MemorySink;
 use weir_tests::{SCHEMA, Workspace};
 
@@ -64,6 +71,147 @@ fn run(dir: &Path, text: &str) -> Result<RunSummary, String> {
     Query::start(spec, options)
         .and_then(|mut q| q.run())
         .map_err(|e| e.to_string())
+}
+
+/// Runs `text` with native transforms added after the file's own.
+fn run_with(dir: &Path, text: &str, extra: Vec<MakeTransform>) -> Result<RunSummary, String> {
+    let spec = weir_host::spec::parse(text, dir, "test.toml", &[]).map_err(|e| e.to_string())?;
+    let options = QueryOptions {
+        cache_dir: Some(cache()),
+        memory_sink: Some(MemorySink::new()),
+        extra_transforms: extra,
+        ..QueryOptions::default()
+    };
+    Query::start(spec, options)
+        .and_then(|mut q| q.run())
+        .map_err(|e| e.to_string())
+}
+
+/// A native transform that adds a column, `channel`, that no key or
+/// aggregate reads; optionally it asks the query to stop after its batch.
+struct AddChannel {
+    schema: SchemaRef,
+    stop: Option<Arc<AtomicBool>>,
+}
+
+impl BatchTransform for AddChannel {
+    fn name(&self) -> &str {
+        "add_channel"
+    }
+
+    fn output_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn process(
+        &mut self,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<RecordBatch, TransformError> {
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns.push(Arc::new(StringArray::from(vec!["web"; batch.num_rows()])));
+        if let Some(stop) = &self.stop {
+            stop.store(true, Ordering::SeqCst);
+        }
+        RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(|e| {
+            TransformError::Native {
+                name: "add_channel".into(),
+                batch_id: info.batch_id,
+                message: e.to_string(),
+            }
+        })
+    }
+}
+
+fn add_channel(stop: Option<Arc<AtomicBool>>) -> MakeTransform {
+    Box::new(move |input: &SchemaRef| -> Box<dyn BatchTransform> {
+        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new("channel", DataType::Utf8, false));
+        Box::new(AddChannel {
+            schema: Arc::new(Schema::new(fields)),
+            stop,
+        })
+    })
+}
+
+/// Every file of the checkpoint `dir` with its bytes, except the `lock`
+/// file's content (it names the last process that took the lock).
+fn snapshot(dir: &Path) -> Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                out.insert(path.clone(), Vec::new());
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == "lock") {
+                out.insert(path, Vec::new());
+            } else {
+                let bytes = std::fs::read(&path)?;
+                out.insert(path, bytes);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Moves the data files from number `from` on out of the source folder;
+/// the returned closure puts them back.
+fn hold_back(ws: &Workspace, from: usize) -> Result<impl FnOnce() -> Result<()>> {
+    let data = ws.path().join("data/orders");
+    let held = ws.path().join("held");
+    std::fs::create_dir_all(&held)?;
+    let mut names: Vec<_> = std::fs::read_dir(&data)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    let moved: Vec<_> = names.into_iter().skip(from).collect();
+    for name in &moved {
+        std::fs::rename(data.join(name), held.join(name))?;
+    }
+    Ok(move || {
+        for name in &moved {
+            std::fs::rename(held.join(name), data.join(name))?;
+        }
+        Ok(())
+    })
+}
+
+/// The JSON lines a files sink wrote into `dir`, sorted.
+fn sink_lines(dir: &Path) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if !path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
+            lines.extend(std::fs::read_to_string(&path)?.lines().map(str::to_owned));
+        }
+    }
+    lines.sort();
+    Ok(lines)
+}
+
+fn to_files_sink(text: &str, out: &str) -> String {
+    text.replace(
+        "[sink]\nkind = \"memory\"",
+        &format!("[sink]\nkind = \"files\"\npath = \"{out}\"\nformat = \"json\""),
+    )
+}
+
+fn dedup(tag: &str, keys: &str, within_watermark: bool) -> String {
+    revenue(tag, true, "", "[]").replace(
+        "[aggregate]\nwindow = { column = \"occurred_at\", size = \"5 minutes\" }\ngroup_by = []\nselect = [\"sum(amount) AS revenue\", \"count(*) AS orders\"]",
+        &format!("[deduplicate]\nkeys = {keys}\nwithin_watermark = {within_watermark}"),
+    )
+}
+
+fn fingerprint(checkpoint: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(checkpoint.join("metadata"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    Ok(v["fingerprint"].clone())
 }
 
 fn state_rows(checkpoint: &Path) -> Result<Vec<u64>> {
@@ -150,12 +298,37 @@ fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
             revenue("q", true, "state_partitions = 4", r#"["status"]"#),
             "the number of state partitions",
         ),
+        (
+            base.replace("\"count(*) AS orders\"", "\"avg(amount) AS orders\""),
+            "the value schema of the stateful operator's state",
+        ),
+        (
+            base.replace(
+                "\"count(*) AS orders\"",
+                "\"count(*) AS orders\", \"max(amount)\"",
+            ),
+            "the value schema of the stateful operator's state",
+        ),
     ];
+    let checkpoint = ws.path().join("checkpoints/q");
+    let before = snapshot(&checkpoint)?;
+    assert!(
+        before
+            .keys()
+            .any(|p| p.starts_with(checkpoint.join("state/0/0"))),
+        "the first run wrote state: {before:?}"
+    );
     for (text, what) in refused {
         let err = run(ws.path(), &text).expect_err(what);
         assert!(err.contains("cannot be resumed"), "{what}: {err}");
         assert!(err.contains(what), "{what}: {err}");
         assert!(err.contains("Start a new checkpoint"), "{err}");
+        // Refused before any state store was opened or created.
+        assert_eq!(
+            snapshot(&checkpoint)?,
+            before,
+            "{what} touched the checkpoint"
+        );
     }
     // Safe changes are accepted, each on its own and then kept: a trigger, a
     // rate limit, a filter in front of the aggregation, the watermark delay,
@@ -181,7 +354,7 @@ struct ManualClock(std::sync::atomic::AtomicI64);
 
 impl weir_host::query::Clock for ManualClock {
     fn now_ms(&self) -> i64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -194,8 +367,7 @@ fn offsets_watermark(checkpoint: &Path, batch: u64) -> Result<i64> {
 
 #[test]
 fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::atomic::AtomicI64;
     let ws = Workspace::new(3, 40)?;
     let text = revenue("idle", true, "", r#"["status"]"#)
         .replace("trigger = \"available-now\"\n", "")
@@ -386,6 +558,142 @@ kind = "memory"
             offsets_watermark(&checkpoint, last)?,
             expected_after,
             "{policy}"
+#[test]
+fn a_new_column_upstream_of_an_aggregation_or_a_dedup_is_accepted() -> Result<()> {
+    let ws = Workspace::new(6, 40)?;
+    let aggregation = to_files_sink(&revenue("agg", true, "", r#"["status"]"#), "out/agg");
+    let by_order = to_files_sink(&dedup("dedup", r#"["order_id"]"#, false), "out/dedup");
+    // The same queries, uninterrupted and unchanged, as the reference.
+    run(
+        ws.path(),
+        &aggregation
+            .replace("checkpoints/agg", "checkpoints/agg_ref")
+            .replace("out/agg", "out/agg_ref"),
+    )
+    .map_err(anyhow::Error::msg)?;
+    run(
+        ws.path(),
+        &by_order
+            .replace("checkpoints/dedup", "checkpoints/dedup_ref")
+            .replace("out/dedup", "out/dedup_ref"),
+    )
+    .map_err(anyhow::Error::msg)?;
+
+    let put_back = hold_back(&ws, 3)?;
+    for text in [&aggregation, &by_order] {
+        let first = run(ws.path(), text).map_err(anyhow::Error::msg)?;
+        assert!(first.batches >= 3, "{first:?}");
+    }
+    put_back()?;
+    for (tag, text) in [("agg", &aggregation), ("dedup", &by_order)] {
+        let checkpoint = ws.path().join("checkpoints").join(tag);
+        let old_key = fingerprint(&checkpoint)?["state_key"].clone();
+        let second = run_with(ws.path(), text, vec![add_channel(None)])
+            .map_err(|e| anyhow::anyhow!("{tag}: a new column was refused: {e}"))?;
+        assert!(
+            second.batches >= 3,
+            "{tag} resumed and ran the rest: {second:?}"
+        );
+        let recorded = fingerprint(&checkpoint)?;
+        assert_eq!(recorded["state_key"], old_key, "{tag}");
+        assert_eq!(recorded["plugins"], serde_json::json!([]), "{tag}");
+    }
+    // The aggregation's answer is the uninterrupted one.
+    assert_eq!(
+        sink_lines(&ws.path().join("out/agg"))?,
+        sink_lines(&ws.path().join("out/agg_ref"))?
+    );
+    // The dedup kept the same orders; the later rows carry the new column.
+    let order_ids = |dir: &str| -> Result<Vec<i64>> {
+        let mut ids = sink_lines(&ws.path().join(dir))?
+            .iter()
+            .map(|l| {
+                Ok(serde_json::from_str::<serde_json::Value>(l)?["order_id"]
+                    .as_i64()
+                    .unwrap_or(-1))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
+    };
+    let (ids, reference) = (order_ids("out/dedup")?, order_ids("out/dedup_ref")?);
+    assert!(!ids.is_empty());
+    assert_eq!(ids, reference);
+    let with_channel = sink_lines(&ws.path().join("out/dedup"))?
+        .iter()
+        .filter(|l| l.contains("\"channel\":\"web\""))
+        .count();
+    assert!(
+        with_channel > 0 && with_channel < ids.len(),
+        "{with_channel} of {}",
+        ids.len()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_new_trigger_interval_is_accepted_and_recorded() -> Result<()> {
+    let ws = Workspace::new(3, 20)?;
+    let base = revenue("trig", true, "", r#"["status"]"#);
+    let checkpoint = ws.path().join("checkpoints/trig");
+    for (i, interval) in ["1s", "2s"].into_iter().enumerate() {
+        let text = base.replace(
+            "trigger = \"available-now\"",
+            &format!("trigger = \"{interval}\""),
+        );
+        // The transform stops the query after its first batch.
+        let stop = Arc::new(AtomicBool::new(false));
+        let spec = weir_host::spec::parse(&text, ws.path(), "test.toml", &[])
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let options = QueryOptions {
+            cache_dir: Some(cache()),
+            memory_sink: Some(MemorySink::new()),
+            stop: Arc::clone(&stop),
+            extra_transforms: vec![add_channel(Some(stop))],
+            ..QueryOptions::default()
+        };
+        let summary = Query::start(spec, options)
+            .and_then(|mut q| q.run())
+            .map_err(|e| anyhow::anyhow!("trigger {interval}: {e}"))?;
+        assert_eq!(summary.batches, 1, "{interval}");
+        assert_eq!(summary.last_batch_id, Some(i as u64), "{interval} resumed");
+        let ms = if interval == "1s" { 1000 } else { 2000 };
+        assert_eq!(
+            fingerprint(&checkpoint)?["trigger"],
+            format!("every {ms} ms"),
+            "the accepted change is recorded"
+        );
+    }
+    assert_eq!(
+        weir_tests::log_ids(&checkpoint.join("commits"))?,
+        vec![0, 1]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_dedup_restart_refuses_other_keys_before_touching_state() -> Result<()> {
+    let ws = Workspace::new(2, 20)?;
+    let base = dedup("d", r#"["order_id"]"#, false);
+    run(ws.path(), &base).map_err(anyhow::Error::msg)?;
+    let checkpoint = ws.path().join("checkpoints/d");
+    let before = snapshot(&checkpoint)?;
+    for (text, what) in [
+        (
+            dedup("d", r#"["order_id", "customer_id"]"#, false),
+            "the key schema of the stateful operator's state",
+        ),
+        (
+            dedup("d", r#"["order_id"]"#, true),
+            "the value schema of the stateful operator's state",
+        ),
+    ] {
+        let err = run(ws.path(), &text).expect_err(what);
+        assert!(err.contains(what), "{what}: {err}");
+        assert_eq!(
+            snapshot(&checkpoint)?,
+            before,
+            "{what} touched the checkpoint"
         );
     }
     Ok(())
@@ -396,4 +704,116 @@ fn offsets_entry(checkpoint: &Path, batch: u64) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(
         text.lines().nth(1).unwrap_or_default(),
     )?)
+#[test]
+fn a_checkpoint_with_the_older_fingerprint_resumes_when_its_keys_match() -> Result<()> {
+    let ws = Workspace::new(4, 20)?;
+    let base = revenue("old", true, "", r#"["status"]"#);
+    let checkpoint = ws.path().join("checkpoints/old");
+    let put_back = hold_back(&ws, 2)?;
+    let output: Vec<String> = {
+        let spec = weir_host::spec::parse(&base, ws.path(), "test.toml", &[])
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let options = QueryOptions {
+            cache_dir: Some(cache()),
+            memory_sink: Some(MemorySink::new()),
+            ..QueryOptions::default()
+        };
+        let mut q = Query::start(spec, options)?;
+        let fields = q
+            .output_schema()
+            .fields()
+            .iter()
+            .map(|f| format!("{} {}", f.name(), f.data_type()))
+            .collect();
+        q.run()?;
+        fields
+    };
+    put_back()?;
+    // Rewrite the fingerprint as the previous format recorded it: the
+    // operator's output schema under `stateful_schema`, no key or value
+    // schema, no trigger or rate limits.
+    let rewrite = |schema: &[String]| -> Result<()> {
+        let path = checkpoint.join("metadata");
+        let mut metadata: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let fp = metadata["fingerprint"]
+            .as_object_mut()
+            .ok_or_else(|| anyhow::anyhow!("no fingerprint"))?;
+        for key in ["state_key", "state_value", "trigger", "rate_limits"] {
+            fp.remove(key);
+        }
+        fp.insert("stateful_schema".into(), serde_json::json!(schema));
+        std::fs::write(&path, format!("{metadata}\n"))?;
+        Ok(())
+    };
+    // A recorded schema without the key column `status`: refused.
+    let without_status: Vec<String> = output
+        .iter()
+        .filter(|f| !f.starts_with("status "))
+        .cloned()
+        .collect();
+    rewrite(&without_status)?;
+    let err = run(ws.path(), &base).expect_err("a key column missing from the old schema");
+    assert!(
+        err.contains("the key schema of the stateful operator's state"),
+        "{err}"
+    );
+    assert!(err.contains("status"), "{err}");
+
+    // As the previous format wrote it: accepted, and the fingerprint upgraded.
+    rewrite(&output)?;
+    let summary = run(ws.path(), &base).map_err(anyhow::Error::msg)?;
+    assert!(summary.batches >= 2, "{summary:?}");
+    let fp = fingerprint(&checkpoint)?;
+    assert!(fp.get("stateful_schema").is_none(), "{fp}");
+    // The key: the window and the group key, as the output schema has them.
+    let key: Vec<&String> = output
+        .iter()
+        .filter(|f| {
+            ["window_start ", "window_end ", "status "]
+                .iter()
+                .any(|k| f.starts_with(k))
+        })
+        .collect();
+    assert_eq!(key.len(), 3, "{output:?}");
+    assert_eq!(fp["state_key"]["columns"], serde_json::json!(key), "{fp}");
+    Ok(())
+}
+
+#[test]
+fn dedup_state_stays_bounded_with_the_event_time_among_its_keys_and_grows_without() -> Result<()> {
+    // 150 one-minute files: 150 batches of 20 orders each.
+    let ws = Workspace::new(150, 20)?;
+    let keyed = dedup("dedup_bounded", r#"["order_id", "occurred_at"]"#, false);
+    let summary = run(ws.path(), &keyed).map_err(anyhow::Error::msg)?;
+    let valid = ws.orders.lines - ws.orders.malformed;
+    assert_eq!(summary.output_rows, valid, "every order is distinct");
+    let bounded = state_rows(&ws.path().join("checkpoints/dedup_bounded"))?;
+    assert_eq!(bounded.len(), 151, "150 data batches and the no-data batch");
+    // The watermark (10 minutes behind the newest order) keeps about 11
+    // files of keys: the ten minutes of delay and the file just read.
+    let ceiling: u64 = 13 * 20;
+    assert!(
+        bounded.iter().all(|&n| n <= ceiling),
+        "state rows per batch: {bounded:?}"
+    );
+    assert!(
+        bounded.iter().any(|&n| n > 10 * 18),
+        "the delay's worth is kept: {bounded:?}"
+    );
+
+    let by_order = dedup("dedup_unbounded", r#"["order_id"]"#, false);
+    run(ws.path(), &by_order).map_err(anyhow::Error::msg)?;
+    let unbounded = state_rows(&ws.path().join("checkpoints/dedup_unbounded"))?;
+    assert!(
+        unbounded.windows(2).all(|w| w[0] <= w[1]),
+        "never shrinks: {unbounded:?}"
+    );
+    assert_eq!(
+        unbounded.last().copied(),
+        Some(valid),
+        "one key per order ever seen"
+    );
+    assert!(valid > 5 * ceiling);
+    Ok(())
 }

@@ -107,11 +107,16 @@ where
         } => run(&file, &overrides, cache_dir, failpoint),
         Command::Validate { file, overrides } => match crate::spec::load(&file, &overrides) {
             Ok(p) => {
+                let warnings = crate::spec::stateful_warnings(&p);
+                for warning in &warnings {
+                    warn(&format!("{}: {warning}", file.display()));
+                }
                 say(&format!(
-                    "{}: ok (query {}, {} transform(s))",
+                    "{}: ok (query {}, {} transform(s), {} warning(s))",
                     file.display(),
                     p.query.name,
-                    p.transforms.len()
+                    p.transforms.len(),
+                    warnings.len()
                 ));
                 ExitCode::SUCCESS
             }
@@ -163,6 +168,11 @@ fn default_cache_dir() -> Option<PathBuf> {
 fn say(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}");
+}
+
+fn warn(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "warning: {text}");
 }
 
 fn complain(text: &str) {

@@ -51,14 +51,14 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMicrosecondType;
 use arrow_array::{Array, BooleanArray, RecordBatch};
 use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
-use arrow_schema::{DataType, SchemaRef, TimeUnit};
+use arrow_schema::{DataType, Field, SchemaRef, TimeUnit};
 use arrow_select::filter::filter_record_batch;
 
 use crate::operator::key_encoding::{
     ColumnEncoder, TAG_VALUE, flip_i64, fnv1a, key_type_supported,
 };
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
 use crate::state::{StateError, StateOptions, StateStore};
 
@@ -544,23 +544,6 @@ impl StatefulOperator for DedupOperator {
         Ok(out)
     }
 
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError> {
-        let Some((start, end)) = self.expired_range(watermark_ms) else {
-            return Ok(false);
-        };
-        let mut found = false;
-        for store in &self.stores {
-            store.scan(&start, Some(&end), &mut |_, _| {
-                found = true;
-                Ok(false)
-            })?;
-            if found {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         let started = Instant::now();
         for store in &mut self.stores {
@@ -592,6 +575,43 @@ impl StatefulOperator for DedupOperator {
         self.rows_dropped_late = 0;
         Ok(metrics)
     }
+}
+
+/// The shape of the state [`DedupOperator::new`] would keep for `config`
+/// over `input`, found without opening any store: the key is the dedup
+/// keys in state-key order (every input column when `keys` is empty, as
+/// Spark's `dropDuplicates()`); the value is empty, or for
+/// `dropDuplicatesWithinWatermark` the key's `expires_at`.
+///
+/// # Errors
+/// As [`DedupOperator::new`] for a configuration that cannot run.
+pub fn state_schema(config: &DedupConfig, input: &SchemaRef) -> Result<StateSchema, OperatorError> {
+    let name = if config.within_watermark {
+        NAME_WITHIN_WATERMARK
+    } else {
+        NAME_DEDUP
+    };
+    let (keys, _, expiry) = plan(config, input).map_err(|e| OperatorError::Invalid {
+        operator: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    let key = keys
+        .iter()
+        .map(|k| Field::new(&k.name, k.data_type.clone(), true))
+        .collect();
+    let value = match expiry {
+        Expiry::WithinWatermark { .. } => vec![Field::new(
+            "expires_at",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        )],
+        Expiry::Never | Expiry::EventTimeKey => Vec::new(),
+    };
+    Ok(StateSchema {
+        operator: name,
+        key,
+        value,
+    })
 }
 
 /// Resolves the key and event-time columns and the eviction rule.
@@ -778,5 +798,402 @@ impl Hasher for PassHasher {
 
     fn write_u64(&mut self, v: u64) {
         self.0 = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow_schema::Schema;
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::state::StoreKind;
+
+    /// One minute in µs and in ms.
+    const MIN: i64 = 60_000_000;
+    const MIN_MS: i64 = 60_000;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("order_id", DataType::Int64, true),
+            Field::new("status", DataType::Utf8, true),
+            Field::new(
+                "occurred_at",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+                true,
+            ),
+        ]))
+    }
+
+    type Row = (Option<i64>, Option<&'static str>, Option<i64>);
+
+    fn batch(rows: &[Row]) -> RecordBatch {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(
+                TimestampMicrosecondArray::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+                    .with_timezone("+00:00"),
+            ),
+        ];
+        RecordBatch::try_new(schema(), columns).expect("columns match the schema")
+    }
+
+    fn config(dir: &std::path::Path, keys: &[&str], event_time: bool) -> DedupConfig {
+        DedupConfig {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            within_watermark: false,
+            event_time: event_time.then(|| "occurred_at".to_owned()),
+            delay_ms: 10 * MIN_MS,
+            num_partitions: 2,
+            state_dir: dir.to_path_buf(),
+            state: StateOptions {
+                kind: StoreKind::Memory,
+                ..StateOptions::default()
+            },
+        }
+    }
+
+    fn open(config: DedupConfig, version: Option<u64>) -> DedupOperator {
+        let mut op = DedupOperator::new(config, &schema()).expect("valid config");
+        op.load(version).expect("state loads");
+        op
+    }
+
+    /// Runs batch `id` with late-row watermark `late_ms` and watermark
+    /// `wm_ms`, commits it, and returns the rows kept and the metrics.
+    fn step(
+        op: &mut DedupOperator,
+        id: u64,
+        late_ms: i64,
+        wm_ms: i64,
+        batches: &[&[Row]],
+    ) -> (Vec<Row>, OperatorMetrics) {
+        let input: Vec<RecordBatch> = batches.iter().map(|rows| batch(rows)).collect();
+        let ctx = StatefulContext {
+            batch_id: id,
+            late_ms,
+            watermark_ms: wm_ms,
+        };
+        let out = op.process(&ctx, &input).expect("batch runs");
+        let metrics = op.commit(id).expect("state commits");
+        (rows_of(&out), metrics)
+    }
+
+    fn rows_of(batches: &[RecordBatch]) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for b in batches {
+            let ids = b.column(0).as_primitive::<Int64Type>();
+            let statuses = b.column(1).as_string::<i32>();
+            let times = b.column(2).as_primitive::<TimestampMicrosecondType>();
+            for r in 0..b.num_rows() {
+                let status = statuses.is_valid(r).then(|| statuses.value(r));
+                rows.push((
+                    ids.is_valid(r).then(|| ids.value(r)),
+                    // Tests only use these spellings; map back to 'static.
+                    ["a", "b", "c", "d", "e"]
+                        .into_iter()
+                        .find(|s| Some(*s) == status),
+                    times.is_valid(r).then(|| times.value(r)),
+                ));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn the_first_occurrence_of_a_key_is_kept_within_a_batch_and_across_batches() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut op = open(config(dir.path(), &["order_id"], false), None);
+        let (out, m) = step(
+            &mut op,
+            0,
+            0,
+            0,
+            &[
+                &[
+                    (Some(1), Some("a"), Some(MIN)),
+                    (Some(2), Some("b"), Some(MIN)),
+                    (Some(1), Some("c"), Some(2 * MIN)),
+                ],
+                &[(Some(3), Some("d"), Some(MIN)), (Some(2), Some("e"), None)],
+            ],
+        );
+        assert_eq!(
+            out,
+            vec![
+                (Some(1), Some("a"), Some(MIN)),
+                (Some(2), Some("b"), Some(MIN)),
+                (Some(3), Some("d"), Some(MIN)),
+            ]
+        );
+        assert_eq!(m.operator_name, "dedupe");
+        assert_eq!((m.num_rows_total, m.num_rows_updated), (3, 3));
+        assert_eq!(m.num_state_store_instances, 2);
+
+        let (out, m) = step(
+            &mut op,
+            1,
+            0,
+            0,
+            &[&[
+                (Some(3), Some("a"), None),
+                (Some(4), Some("b"), None),
+                (Some(4), Some("c"), None),
+            ]],
+        );
+        assert_eq!(out, vec![(Some(4), Some("b"), None)]);
+        assert_eq!((m.num_rows_total, m.num_rows_updated), (4, 1));
+        assert_eq!(m.num_rows_removed, 0);
+
+        // A replay of batch 1 reloads version 0 and keeps what the first
+        // attempt kept; a restarted operator reads the committed version.
+        drop(op);
+        let mut op = open(config(dir.path(), &["order_id"], false), Some(0));
+        let (out, m) = step(
+            &mut op,
+            1,
+            0,
+            0,
+            &[&[
+                (Some(3), Some("a"), None),
+                (Some(4), Some("b"), None),
+                (Some(4), Some("c"), None),
+            ]],
+        );
+        assert_eq!(out, vec![(Some(4), Some("b"), None)]);
+        assert_eq!(m.num_rows_total, 4);
+        drop(op);
+        let mut op = open(config(dir.path(), &["order_id"], false), Some(1));
+        let (out, m) = step(
+            &mut op,
+            2,
+            0,
+            0,
+            &[&[(Some(1), Some("a"), None), (Some(5), Some("e"), None)]],
+        );
+        assert_eq!(out, vec![(Some(5), Some("e"), None)]);
+        assert_eq!(m.num_rows_total, 5);
+    }
+
+    #[test]
+    fn a_null_key_is_one_value_like_any_other() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut op = open(config(dir.path(), &["order_id", "status"], false), None);
+        let (out, m) = step(
+            &mut op,
+            0,
+            0,
+            0,
+            &[&[
+                (None, Some("a"), None),
+                (None, Some("a"), Some(MIN)),
+                (None, None, None),
+                (None, None, Some(MIN)),
+                (Some(1), None, None),
+                (Some(1), Some("a"), None),
+            ]],
+        );
+        assert_eq!(
+            out,
+            vec![
+                (None, Some("a"), None),
+                (None, None, None),
+                (Some(1), None, None),
+                (Some(1), Some("a"), None),
+            ]
+        );
+        assert_eq!(m.num_rows_total, 4);
+        let (out, _) = step(&mut op, 1, 0, 0, &[&[(None, None, Some(MIN))]]);
+        assert!(out.is_empty(), "the null key is in state: {out:?}");
+    }
+
+    #[test]
+    fn with_the_event_time_among_the_keys_state_is_evicted_by_the_watermark() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut op = open(config(dir.path(), &["order_id", "occurred_at"], true), None);
+        let (out, m) = step(
+            &mut op,
+            0,
+            0,
+            0,
+            &[&[
+                (Some(1), Some("a"), Some(MIN)),
+                (Some(2), Some("a"), Some(2 * MIN)),
+                (Some(3), Some("a"), Some(12 * MIN)),
+                (Some(1), Some("b"), Some(MIN)),
+                (Some(1), Some("c"), Some(MIN + 1)),
+                (Some(9), Some("a"), None),
+            ]],
+        );
+        assert_eq!(out.len(), 5, "{out:?}");
+        assert_eq!(m.num_rows_total, 5);
+
+        // No data, wm = 2 min: the keys at 1 min, 1 min + 1 µs and 2 min
+        // (inclusive) leave; 12 min and the null event time stay.
+        let (out, m) = step(&mut op, 1, 0, 2 * MIN_MS, &[]);
+        assert!(out.is_empty());
+        assert_eq!((m.num_rows_total, m.num_rows_removed), (2, 3));
+
+        // Late rows (event time <= wm(b-1) = 2 min) are dropped before
+        // deduplication and counted; a null event time is never late.
+        let (out, m) = step(
+            &mut op,
+            2,
+            2 * MIN_MS,
+            2 * MIN_MS,
+            &[&[
+                (Some(1), Some("d"), Some(MIN)),
+                (Some(2), Some("d"), Some(2 * MIN)),
+                (Some(4), Some("d"), Some(2 * MIN + 1)),
+                (Some(9), Some("d"), None),
+                (Some(8), Some("d"), None),
+            ]],
+        );
+        assert_eq!(
+            out,
+            vec![
+                (Some(4), Some("d"), Some(2 * MIN + 1)),
+                (Some(8), Some("d"), None),
+            ]
+        );
+        assert_eq!(m.num_rows_dropped_by_watermark, 2);
+        assert_eq!((m.num_rows_total, m.num_rows_updated), (4, 2));
+
+        // A duplicate arriving in the batch whose watermark expires its key
+        // is still a duplicate: eviction runs after the input.
+        let (out, m) = step(
+            &mut op,
+            3,
+            2 * MIN_MS,
+            20 * MIN_MS,
+            &[&[(Some(3), Some("e"), Some(12 * MIN))]],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(m.num_rows_dropped_by_watermark, 0);
+        assert_eq!(
+            (m.num_rows_total, m.num_rows_removed),
+            (2, 2),
+            "only the null event times remain"
+        );
+    }
+
+    #[test]
+    fn within_watermark_a_key_expires_at_its_event_time_plus_the_delay() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut c = config(dir.path(), &["order_id"], true);
+        c.within_watermark = true;
+        let mut op = open(c, None);
+        let (out, m) = step(
+            &mut op,
+            0,
+            0,
+            0,
+            &[&[
+                (Some(1), Some("a"), Some(MIN)),
+                (Some(1), Some("b"), Some(30 * MIN)),
+                (Some(2), Some("a"), None),
+            ]],
+        );
+        assert_eq!(
+            out,
+            vec![(Some(1), Some("a"), Some(MIN)), (Some(2), Some("a"), None)]
+        );
+        assert_eq!(m.operator_name, "dedupeWithinWatermark");
+        assert_eq!(m.num_rows_total, 2, "one row per key, not per store entry");
+
+        // wm = 10 min: key 1 expires at 1 + 10 = 11 min and stays; key 2
+        // (null event time, read as 0 like Spark) expires at 10 min.
+        let (out, m) = step(
+            &mut op,
+            1,
+            0,
+            10 * MIN_MS,
+            &[&[
+                (Some(1), Some("c"), Some(5 * MIN)),
+                (Some(2), Some("c"), None),
+            ]],
+        );
+        assert!(out.is_empty(), "both are duplicates: {out:?}");
+        assert_eq!((m.num_rows_total, m.num_rows_removed), (1, 1));
+
+        let (out, m) = step(&mut op, 2, 10 * MIN_MS, 11 * MIN_MS - 1, &[]);
+        assert!(out.is_empty());
+        assert_eq!(m.num_rows_total, 1, "11 min - 1 ms does not reach 11 min");
+        let (_, m) = step(&mut op, 3, 10 * MIN_MS, 11 * MIN_MS, &[]);
+        assert_eq!((m.num_rows_total, m.num_rows_removed), (0, 1));
+
+        // Expired keys are new again; late rows do not claim a key first.
+        let (out, m) = step(
+            &mut op,
+            4,
+            11 * MIN_MS,
+            11 * MIN_MS,
+            &[&[
+                (Some(1), Some("d"), Some(11 * MIN)),
+                (Some(1), Some("e"), Some(20 * MIN)),
+                (Some(2), Some("e"), None),
+            ]],
+        );
+        assert_eq!(
+            out,
+            vec![
+                (Some(1), Some("e"), Some(20 * MIN)),
+                (Some(2), Some("e"), None)
+            ]
+        );
+        assert_eq!(m.num_rows_dropped_by_watermark, 1);
+        // Key 2 (null event time) expired at once (0 + 10 min <= 11 min).
+        assert_eq!((m.num_rows_total, m.num_rows_removed), (1, 1));
+    }
+
+    #[test]
+    fn a_configuration_that_cannot_run_is_refused_naming_why() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut c = config(dir.path(), &["order_id"], false);
+        c.within_watermark = true;
+        let err = DedupOperator::new(c, &schema()).expect_err("no watermark");
+        assert!(err.to_string().contains("needs a watermark"), "{err}");
+        let err = DedupOperator::new(config(dir.path(), &["nope"], false), &schema())
+            .expect_err("unknown key");
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+        assert!(
+            err.to_string().contains("order_id, status, occurred_at"),
+            "{err}"
+        );
+        let err = state_schema(
+            &config(dir.path(), &["status"], false),
+            &Arc::new(Schema::empty()),
+        )
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("\"status\""), "{err}");
+    }
+
+    #[test]
+    fn the_state_schema_holds_only_the_keys_with_the_event_time_first() {
+        let dir = TempDir::new().expect("tempdir");
+        let s = state_schema(
+            &config(dir.path(), &["order_id", "occurred_at"], true),
+            &schema(),
+        )
+        .expect("valid config");
+        let names: Vec<&str> = s.key.iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["occurred_at", "order_id"]);
+        assert!(s.value.is_empty());
+        let mut c = config(dir.path(), &["order_id"], true);
+        c.within_watermark = true;
+        let s = state_schema(&c, &schema()).expect("valid config");
+        assert_eq!(s.key.len(), 1);
+        assert_eq!(s.value[0].name(), "expires_at");
+        assert!(!dir.path().join("0").exists(), "no store was opened");
     }
 }

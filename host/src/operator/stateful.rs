@@ -4,7 +4,7 @@
 //! operator owns its state stores and what it emits.
 
 use arrow_array::RecordBatch;
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_schema::{ArrowError, Field, SchemaRef};
 use serde::Serialize;
 
 use crate::state::StateError;
@@ -17,6 +17,20 @@ pub struct StatefulContext {
     pub late_ms: i64,
     /// wm(b) in ms: what state this watermark passes is emitted and evicted.
     pub watermark_ms: i64,
+}
+
+/// The shape of an operator's state: what its state keys and values hold.
+/// A checkpoint records it (DESIGN.md §3.3), because state written with one
+/// shape cannot be read back with another — while anything else about the
+/// input (a column no key or aggregate reads) may change freely.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSchema {
+    /// Spark's operator name (e.g. `stateStoreSave`, `dedupe`).
+    pub operator: &'static str,
+    /// The state key's columns, in key order.
+    pub key: Vec<Field>,
+    /// The state value's columns (aggregate buffers, expiry times).
+    pub value: Vec<Field>,
 }
 
 /// Spark's `stateOperators[]` entry of a progress record.
@@ -78,12 +92,6 @@ pub trait StatefulOperator: Send {
         ctx: &StatefulContext,
         input: &[RecordBatch],
     ) -> Result<Vec<RecordBatch>, OperatorError>;
-
-    /// Whether a batch at this watermark would emit or evict anything.
-    ///
-    /// # Errors
-    /// When the state cannot be read.
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError>;
 
     /// Commits the state as version `batch_id`, after the sink wrote the batch.
     ///

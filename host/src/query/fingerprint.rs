@@ -4,12 +4,21 @@
 //! such a restart is refused, naming what changed. Changes that state does
 //! not depend on (filters, new plugin builds, triggers, rate limits) are
 //! accepted and logged.
+//!
+//! What state depends on is the shape of its keys and values, not the whole
+//! schema of the rows flowing past: a column added upstream that no key or
+//! aggregate reads leaves the state readable, so the fingerprint records
+//! each stateful operator's key and value schema and nothing wider.
+//! Checkpoints written before that (with the operator's output schema under
+//! `stateful_schema`) still resume: their key columns must all appear in the
+//! recorded output schema, and the fingerprint is then rewritten.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use crate::operator::stateful::StateSchema;
 use crate::spec::{
-    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StateStoreKind, WatermarkPolicy,
-    WindowKind,
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StateStoreKind, Trigger,
+    WatermarkPolicy, WindowKind,
 };
 
 /// Parts of the fingerprint a restart may not change.
@@ -20,8 +29,12 @@ const FROZEN: &[(&str, &str)] = &[
         "the stateful operator (its keys, window and aggregates)",
     ),
     (
-        "stateful_schema",
-        "the schema of the stateful operator's state",
+        "state_key",
+        "the key schema of the stateful operator's state",
+    ),
+    (
+        "state_value",
+        "the value schema of the stateful operator's state",
     ),
     ("watermark_column", "the watermark column"),
     ("watermark_policy", "the watermark policy"),
@@ -30,13 +43,21 @@ const FROZEN: &[(&str, &str)] = &[
     ("output_mode", "the output mode of a stateful query"),
 ];
 
-/// The fingerprint of `pipeline`; `stateful_schema` describes the stateful
-/// operator's output (key and value columns with their types), if any.
-pub fn of(
-    pipeline: &Pipeline,
-    stateful_schema: Option<&arrow_schema::Schema>,
-    plugins: &[(String, String)],
-) -> Value {
+/// Where fingerprints written before key and value schemas were recorded
+/// kept the stateful operator's output schema.
+const LEGACY_SCHEMA: &str = "stateful_schema";
+
+/// `name type` of each field, the form schemas take in a fingerprint.
+fn fields(fields: &[arrow_schema::Field]) -> Vec<String> {
+    fields
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect()
+}
+
+/// The fingerprint of `pipeline`, whose stateful operator (if any) keeps
+/// state of the shape `state`.
+pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, String)]) -> Value {
     let sources: Vec<Value> = pipeline
         .sources
         .iter()
@@ -63,6 +84,20 @@ pub fn of(
             }),
         })
         .collect();
+    let rate_limits: Vec<Value> = pipeline
+        .sources
+        .iter()
+        .map(|s| match &s.kind {
+            SourceKind::Files(f) => json!({
+                "source": s.name,
+                "max_files_per_trigger": f.max_files_per_trigger.map(|n| n.get()),
+            }),
+            SourceKind::Kafka(k) => json!({
+                "source": s.name,
+                "max_offsets_per_trigger": k.max_offsets_per_trigger.map(|n| n.get()),
+            }),
+        })
+        .collect();
     let stateful = if let Some(a) = &pipeline.aggregate {
         json!({
             "kind": "aggregate",
@@ -85,12 +120,16 @@ pub fn of(
     let is_stateful = !stateful.is_null();
     json!({
         "sources": sources,
+        "rate_limits": rate_limits,
+        "trigger": match pipeline.query.trigger {
+            Trigger::AvailableNow => "available-now".to_owned(),
+            Trigger::Once => "once".to_owned(),
+            Trigger::ProcessingTime(d) => format!("every {} ms", d.as_millis()),
+            Trigger::Continuous => "continuous".to_owned(),
+        },
         "stateful": stateful,
-        "stateful_schema": stateful_schema.map(|s| s
-            .fields()
-            .iter()
-            .map(|f| format!("{} {}", f.name(), f.data_type()))
-            .collect::<Vec<_>>()),
+        "state_key": state.map(|s| json!({ "operator": s.operator, "columns": fields(&s.key) })),
+        "state_value": state.map(|s| json!({ "operator": s.operator, "columns": fields(&s.value) })),
         "watermark_column": pipeline.watermark.as_ref().map(|w| w.column.clone()),
         "watermark_delay_ms": pipeline.watermark.as_ref().map(|w| w.delay.as_millis() as u64),
         "watermark_policy": match pipeline.query.watermark_policy {
@@ -133,6 +172,11 @@ pub fn compare(old: &Value, new: &Value) -> Comparison {
     let (Some(old), Some(new)) = (old.as_object(), new.as_object()) else {
         return out;
     };
+    let mut old = old.clone();
+    let mut new = new.clone();
+    if old.contains_key(LEGACY_SCHEMA) && !old.contains_key("state_key") {
+        upgrade(&mut old, &mut new, &mut out);
+    }
     let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -156,6 +200,45 @@ pub fn compare(old: &Value, new: &Value) -> Comparison {
     out
 }
 
+/// Compares what a fingerprint of the older format allows — every state
+/// key column must be in its recorded output schema, which holds the
+/// window, the group keys or the dedup keys under their names and types —
+/// and takes the new key and value schema out of the comparison.
+fn upgrade(old: &mut Map<String, Value>, new: &mut Map<String, Value>, out: &mut Comparison) {
+    let legacy = old.remove(LEGACY_SCHEMA).unwrap_or(Value::Null);
+    let Some(recorded) = legacy.as_array() else {
+        // The old query had no state: the usual rules apply.
+        return;
+    };
+    let key = new.remove("state_key").unwrap_or(Value::Null);
+    let value = new.remove("state_value").unwrap_or(Value::Null);
+    let columns = |v: &Value| -> Vec<Value> {
+        v.get("columns")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let missing: Vec<Value> = columns(&key)
+        .into_iter()
+        .filter(|c| !recorded.contains(c))
+        .collect();
+    if missing.is_empty() {
+        out.accepted.push(format!(
+            "the checkpoint's fingerprint predates state key and value schemas: the key \
+             columns {} match its recorded schema {legacy}; the value columns {} are recorded \
+             from now on",
+            Value::from(columns(&key)),
+            Value::from(columns(&value)),
+        ));
+    } else {
+        out.refused.push(format!(
+            "the key schema of the stateful operator's state changed: the key columns {} are \
+             not in the recorded schema {legacy}",
+            Value::from(missing),
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +260,60 @@ mod tests {
         assert_eq!(c.accepted.len(), 1);
         assert!(c.accepted[0].starts_with("plugins was []"));
         assert_eq!(compare(&old, &old), Comparison::default());
+    }
+
+    #[test]
+    fn only_the_state_key_and_value_schema_are_frozen_not_the_rows_around_them() {
+        let old = json!({
+            "state_key": {"operator": "dedupe", "columns": ["order_id Int64"]},
+            "state_value": {"operator": "dedupe", "columns": []},
+        });
+        let mut new = old.clone();
+        new["input_columns"] = json!(["order_id Int64", "channel Utf8"]);
+        let c = compare(&old, &new);
+        assert!(c.refused.is_empty(), "{c:?}");
+        new["state_key"]["columns"] = json!(["order_id Int64", "occurred_at Timestamp(µs)"]);
+        let c = compare(&old, &new);
+        assert_eq!(c.refused.len(), 1, "{c:?}");
+        assert!(
+            c.refused[0].starts_with("the key schema of the stateful operator's state changed"),
+            "{c:?}"
+        );
+        assert!(c.refused[0].contains("occurred_at"), "{c:?}");
+    }
+
+    #[test]
+    fn an_older_fingerprint_is_upgraded_when_its_schema_holds_the_key() {
+        let old = json!({
+            "stateful_schema": ["window_start T", "window_end T", "status Utf8", "revenue D"],
+            "sink": "memory",
+        });
+        let new = json!({
+            "state_key": {"operator": "stateStoreSave", "columns": ["window_start T", "window_end T", "status Utf8"]},
+            "state_value": {"operator": "stateStoreSave", "columns": ["revenue.sum D"]},
+            "sink": "memory",
+            "trigger": "once",
+        });
+        let c = compare(&old, &new);
+        assert!(c.refused.is_empty(), "{c:?}");
+        assert_eq!(c.accepted.len(), 2, "{c:?}");
+        assert!(
+            c.accepted[0].contains("predates state key and value schemas"),
+            "{c:?}"
+        );
+        assert!(c.accepted[1].starts_with("trigger was null"), "{c:?}");
+
+        let mut other = new.clone();
+        other["state_key"]["columns"] =
+            json!(["window_start T", "window_end T", "customer_id Int64"]);
+        let c = compare(&old, &other);
+        assert_eq!(c.refused.len(), 1, "{c:?}");
+        assert!(c.refused[0].contains("customer_id Int64"), "{c:?}");
+        assert!(c.refused[0].contains("not in the recorded schema"), "{c:?}");
+
+        // A stateless query of the older format becoming stateful: accepted.
+        let stateless = json!({"stateful_schema": null, "sink": "memory"});
+        let c = compare(&stateless, &new);
+        assert!(c.refused.is_empty(), "{c:?}");
     }
 }

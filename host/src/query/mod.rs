@@ -29,7 +29,7 @@ use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
@@ -219,6 +219,9 @@ pub struct Query {
     last_trigger: Option<Instant>,
     /// Per input: clock time it last had data (for the idle timeout).
     last_input_ms: Vec<i64>,
+    /// Time spent asking the sources for new input since the last batch
+    /// (Spark's `durationMs.latestOffset`).
+    poll_time: Duration,
     summary: RunSummary,
 }
 
@@ -322,10 +325,9 @@ impl Query {
             )?),
             None => None,
         };
-        let stateful = build_stateful(&pipeline, checkpoint.dir(), &schema)?;
-        if let Some(op) = &stateful {
-            schema = Arc::clone(op.output_schema());
-        }
+        // Planned, not opened: no state store is touched before the
+        // fingerprint check, so a refused restart leaves the checkpoint as it was.
+        let planned = plan_stateful(&pipeline, checkpoint.dir(), &schema)?;
 
         // The checkpoint must have been written by this query (§3.3).
         let plugins: Vec<(String, String)> = transforms
@@ -335,7 +337,7 @@ impl Query {
             .collect();
         let fingerprint = fingerprint::of(
             &pipeline,
-            stateful.as_ref().map(|op| op.output_schema().as_ref()),
+            planned.as_ref().map(|p| &p.state_schema),
             &plugins,
         );
         match checkpoint.metadata().fingerprint.clone() {
@@ -355,6 +357,10 @@ impl Query {
                 }
             }
             None => checkpoint.set_fingerprint(fingerprint)?,
+        }
+        let stateful = planned.map(|p| p.open(&schema)).transpose()?;
+        if let Some(op) = &stateful {
+            schema = Arc::clone(op.output_schema());
         }
 
         // Where the watermark stands (§3.1): the last planned batch's, and
@@ -455,6 +461,7 @@ impl Query {
             run_id: uuid::Uuid::new_v4().to_string(),
             checkpoint,
             last_input_ms: vec![started_ms; sources.len()],
+            poll_time: Duration::ZERO,
             sources,
             transforms,
             watermark,
@@ -552,7 +559,10 @@ impl Query {
         let now = self.options.clock.now_ms();
         let mut total = 0;
         for i in 0..self.sources.len() {
-            let staged = self.sources[i].poll(&self.checkpoint, unlimited)?;
+            let started = Instant::now();
+            let staged = self.sources[i].poll(&self.checkpoint, unlimited);
+            self.poll_time += started.elapsed();
+            let staged = staged?;
             if staged > 0 {
                 self.last_input_ms[i] = now;
             } else {
@@ -738,7 +748,12 @@ impl Query {
             state_metrics,
             usage_before,
             since_last,
-            [wal_ms, commit_ms, total_ms],
+            [
+                millis(std::mem::take(&mut self.poll_time)),
+                wal_ms,
+                commit_ms,
+                total_ms,
+            ],
         );
         let json = serde_json::to_value(&record).map_err(|e| QueryError::Protocol {
             batch_id: n,
@@ -767,10 +782,12 @@ impl Query {
         state_metrics: Option<OperatorMetrics>,
         usage_before: Vec<(String, String, PluginUsage)>,
         since_last: Option<Duration>,
-        [wal_ms, commit_ms, total_ms]: [u64; 3],
+        [latest_offset_ms, wal_ms, commit_ms, total_ms]: [u64; 4],
     ) -> QueryProgress {
         let mut duration_ms = BTreeMap::new();
-        duration_ms.insert("latestOffset", 0);
+        // Finding the input: listing the source since the last record.
+        // Finding the input: asking the sources what is new since the last batch.
+        duration_ms.insert("latestOffset", latest_offset_ms);
         duration_ms.insert("walCommit", wal_ms);
         duration_ms.insert("getBatch", outcome.get_batch_ms);
         duration_ms.insert("addBatch", outcome.add_batch_ms);
@@ -1012,13 +1029,35 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The stateful operator of a pipeline, checked against its input schema
+/// and Spark's rules for output modes, but not opened.
+struct PlannedStateful {
+    config: StatefulConfig,
+    state_schema: StateSchema,
+}
+
+enum StatefulConfig {
+    Aggregate(AggregateConfig),
+    Dedup(DedupConfig),
+}
+
+impl PlannedStateful {
+    /// Opens the operator's state stores (creating them on a first start).
+    fn open(self, schema: &SchemaRef) -> Result<Box<dyn StatefulOperator>, QueryError> {
+        Ok(match self.config {
+            StatefulConfig::Aggregate(config) => Box::new(AggregateOperator::new(config, schema)?),
+            StatefulConfig::Dedup(config) => Box::new(DedupOperator::new(config, schema)?),
+        })
+    }
+}
+
 /// The stateful operator of the pipeline, if any, checked against Spark's
-/// rules for output modes.
-fn build_stateful(
+/// rules for output modes; touches no file.
+fn plan_stateful(
     pipeline: &Pipeline,
     checkpoint_dir: &std::path::Path,
     schema: &SchemaRef,
-) -> Result<Option<Box<dyn StatefulOperator>>, QueryError> {
+) -> Result<Option<PlannedStateful>, QueryError> {
     let query = &pipeline.query;
     let invalid = |message: String| QueryError::Invalid {
         query: query.name.clone(),
@@ -1031,6 +1070,16 @@ fn build_stateful(
         },
         ..StateOptions::default()
     };
+    // The rules `weir validate` checks too (a pipeline built in code has
+    // not been through them), then the warnings, logged for the operator.
+    let problems = spec::stateful_problems(pipeline);
+    if !problems.is_empty() {
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(invalid(problems.join("; ")));
+    }
+    for warning in spec::stateful_warnings(pipeline) {
+        tracing::warn!(query = %query.name, "{warning}");
+    }
     let state_dir = checkpoint_dir.join("state").join("0");
     let delay_ms = pipeline.watermark.as_ref().map_or(0, |w| {
         i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX)
@@ -1066,62 +1115,42 @@ fn build_stateful(
                 }
             },
         });
-        if pipeline.watermark.is_none() {
-            tracing::warn!(
-                query = %query.name,
-                "the aggregation has no [watermark]: its state grows without bound; declare one so old windows can be evicted"
-            );
-        }
-        let op = AggregateOperator::new(
-            AggregateConfig {
-                window,
-                group_by: a.group_by.clone(),
-                aggregates,
-                output_mode: match query.output_mode {
-                    OutputMode::Append => AggOutputMode::Append,
-                    OutputMode::Update => AggOutputMode::Update,
-                    OutputMode::Complete => AggOutputMode::Complete,
-                },
-                watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
-                num_partitions: query.state_partitions,
-                state_dir,
-                state,
+        let config = AggregateConfig {
+            window,
+            group_by: a.group_by.clone(),
+            aggregates,
+            output_mode: match query.output_mode {
+                OutputMode::Append => AggOutputMode::Append,
+                OutputMode::Update => AggOutputMode::Update,
+                OutputMode::Complete => AggOutputMode::Complete,
             },
-            schema,
-        )?;
-        return Ok(Some(Box::new(op)));
+            watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
+            num_partitions: query.state_partitions,
+            state_dir,
+            state,
+        };
+        let state_schema = crate::operator::aggregate::state_schema(&config, schema)?;
+        return Ok(Some(PlannedStateful {
+            config: StatefulConfig::Aggregate(config),
+            state_schema,
+        }));
     }
     if let Some(d) = &pipeline.deduplicate {
-        if query.output_mode == OutputMode::Complete {
-            return Err(invalid(
-                "complete output mode needs an aggregation; deduplication supports append and update".into(),
-            ));
-        }
         let event_time = pipeline.watermark.as_ref().map(|w| w.column.clone());
-        if !event_time.as_ref().is_some_and(|c| d.keys.contains(c)) && !d.within_watermark {
-            tracing::warn!(
-                query = %query.name,
-                "deduplication keys do not include the watermarked event time: its state grows without bound (use within_watermark = true, or add the event-time column to the keys)"
-            );
-        }
-        let op = DedupOperator::new(
-            DedupConfig {
-                keys: d.keys.clone(),
-                within_watermark: d.within_watermark,
-                event_time,
-                delay_ms,
-                num_partitions: query.state_partitions,
-                state_dir,
-                state,
-            },
-            schema,
-        )?;
-        return Ok(Some(Box::new(op)));
-    }
-    if query.output_mode == OutputMode::Complete {
-        return Err(invalid(
-            "complete output mode is only for queries with an [aggregate]: use append".into(),
-        ));
+        let config = DedupConfig {
+            keys: d.keys.clone(),
+            within_watermark: d.within_watermark,
+            event_time,
+            delay_ms,
+            num_partitions: query.state_partitions,
+            state_dir,
+            state,
+        };
+        let state_schema = crate::operator::dedup::state_schema(&config, schema)?;
+        return Ok(Some(PlannedStateful {
+            config: StatefulConfig::Dedup(config),
+            state_schema,
+        }));
     }
     Ok(None)
 }

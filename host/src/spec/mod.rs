@@ -20,6 +20,7 @@ pub mod duration;
 mod overrides;
 mod raw;
 pub mod size;
+mod stateful;
 mod validate;
 
 use std::fmt;
@@ -30,6 +31,7 @@ use std::time::Duration;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
+pub use stateful::{stateful_problems, stateful_warnings};
 
 /// A validated pipeline file: one query, its sources, transforms and sink.
 #[derive(Debug, Clone, PartialEq)]

@@ -516,7 +516,14 @@ fn triggers_and_output_modes() {
             .output_mode
     };
     assert_eq!(mode("update"), OutputMode::Update);
-    assert_eq!(mode("complete"), OutputMode::Complete);
+    // Complete mode repeats an aggregation's result: refused without one.
+    let found = problems(dir.path(), &with("output_mode = \"complete\""), &[]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "query.output_mode");
+    assert!(
+        found[0].1.contains("only for queries with an [aggregate]"),
+        "{found:?}"
+    );
     let retries = parse_in(dir.path(), &with("max_batch_retries = 0"), &[]).unwrap();
     assert_eq!(retries.query.max_batch_retries, 0);
     let found = problems(dir.path(), &with("max_batch_retries = -1"), &[]);
@@ -978,4 +985,113 @@ fn stateful_problems_are_all_reported() {
             "{expected} missing from {paths:?}"
         );
     }
+}
+
+#[test]
+fn spark_refused_stateful_combinations_are_reported_with_their_keys() {
+    let dir = workspace();
+    let mode = |m: &str| {
+        STATEFUL.replace(
+            "state_partitions = 4",
+            &format!("state_partitions = 4\noutput_mode = \"{m}\""),
+        )
+    };
+    let complete = parse_in(dir.path(), &mode("complete"), &[]).unwrap();
+    assert_eq!(complete.query.output_mode, OutputMode::Complete);
+    let no_watermark = STATEFUL.replace(
+        "[watermark]\ncolumn = \"occurred_at\"\ndelay = \"10 minutes\"\n",
+        "",
+    );
+    assert_ne!(no_watermark, STATEFUL);
+    let found = problems(dir.path(), &no_watermark, &[]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "query.output_mode");
+    assert!(
+        found[0].1.contains("\"append\" needs a [watermark]"),
+        "{found:?}"
+    );
+    assert!(
+        parse_in(
+            dir.path(),
+            &no_watermark.replace("state_partitions = 4", "output_mode = \"update\""),
+            &[]
+        )
+        .is_ok()
+    );
+
+    let sessions = mode("update").replace(
+        "size = \"5 minutes\", slide = \"1 minute\"",
+        "gap = \"5 minutes\"",
+    );
+    let found = problems(dir.path(), &sessions, &[]);
+    assert_eq!(
+        found.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
+        ["aggregate.window.gap"]
+    );
+    let found = problems(
+        dir.path(),
+        &sessions.replace("group_by = [\"status\"]", "group_by = []"),
+        &[],
+    );
+    assert_eq!(
+        found.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
+        ["aggregate.window.gap", "aggregate.group_by"]
+    );
+
+    // Without a window the watermark column must be a key in append mode.
+    let no_window = STATEFUL.replace(
+        "window = { column = \"occurred_at\", size = \"5 minutes\", slide = \"1 minute\" }\n",
+        "",
+    );
+    let found = problems(dir.path(), &no_window, &[]);
+    assert_eq!(found[0].0, "query.output_mode");
+    assert!(
+        found[0]
+            .1
+            .contains("to be the window column or a group_by key"),
+        "{found:?}"
+    );
+    assert!(
+        parse_in(
+            dir.path(),
+            &no_window.replace("[\"status\"]", "[\"status\", \"Occurred_At\"]"),
+            &[]
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn warnings_name_the_state_that_can_only_grow() {
+    let dir = workspace();
+    let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
+    assert!(stateful_warnings(&p).is_empty());
+    let mut complete = p.clone();
+    complete.query.output_mode = OutputMode::Complete;
+    let w = stateful_warnings(&complete);
+    assert_eq!(w.len(), 1);
+    assert!(w[0].contains("\"complete\" keeps every group"), "{w:?}");
+    let mut by_order = p.clone();
+    by_order.aggregate = None;
+    by_order.deduplicate = Some(DeduplicateSpec {
+        keys: vec!["order_id".into()],
+        within_watermark: false,
+    });
+    let w = stateful_warnings(&by_order);
+    assert_eq!(w.len(), 1);
+    assert!(w[0].contains("deduplication keys do not include"), "{w:?}");
+    by_order.deduplicate = Some(DeduplicateSpec {
+        keys: vec!["order_id".into(), "occurred_at".into()],
+        within_watermark: false,
+    });
+    assert!(stateful_warnings(&by_order).is_empty());
+    by_order.watermark = None;
+    assert_eq!(
+        stateful_warnings(&by_order).len(),
+        1,
+        "no watermark, no eviction"
+    );
+    assert_eq!(stateful_problems(&by_order), Vec::new());
+    by_order.query.output_mode = OutputMode::Complete;
+    assert_eq!(stateful_problems(&by_order)[0].path, "query.output_mode");
 }

@@ -146,6 +146,17 @@ fn check_name(c: &mut Collector, path: &str, name: String) -> Option<String> {
 
 /// Validates the whole file. `None` when any part is invalid (the problems are in `c`).
 pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Option<Pipeline> {
+    // The output mode on its own (a bad value is reported by `query`), so that
+    // the stateful rules run even when another key of [query] is wrong.
+    let output_mode = raw
+        .query
+        .as_ref()
+        .and_then(|q| match q.output_mode.as_deref() {
+            None | Some("append") => Some(OutputMode::Append),
+            Some("update") => Some(OutputMode::Update),
+            Some("complete") => Some(OutputMode::Complete),
+            Some(_) => None,
+        });
     let query = query(raw.query, base, c);
     let sources = sources(raw.source.unwrap_or_default(), base, c);
     let transforms: Vec<Option<TransformSpec>> = raw
@@ -176,6 +187,13 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
             ),
         );
     }
+    super::stateful::check(
+        output_mode,
+        watermark.as_ref().map(Option::as_ref),
+        aggregate.as_ref().map(Option::as_ref),
+        deduplicate.as_ref().map(Option::as_ref),
+        c,
+    );
     let sink = sink(raw.sink, base, c);
     Some(Pipeline {
         query: query?,

@@ -98,7 +98,7 @@ use plan::{Plan, TimeKey, WindowKind};
 
 use crate::operator::key_encoding::{TAG_VALUE, flip_i64, fnv1a, unflip_i64};
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
 use crate::state::{StateError, StateOptions, StateStore};
 
@@ -217,23 +217,8 @@ impl AggregateOperator {
     /// without a usable watermark, session windows in update mode or without
     /// keys; [`OperatorError::State`] when a store cannot be opened.
     pub fn new(config: AggregateConfig, input: &SchemaRef) -> Result<Self, OperatorError> {
-        let name = match &config.window {
-            Some(WindowConfig {
-                spec: WindowSpec::Session { .. },
-                ..
-            }) => plan::NAME_SESSION,
-            _ => plan::NAME,
-        };
-        let plan = plan::plan(&config, input).map_err(|e| OperatorError::Invalid {
-            operator: name.to_owned(),
-            message: e.to_string(),
-        })?;
-        if plan.aggs.len() > usize::from(u8::MAX) {
-            return Err(OperatorError::Invalid {
-                operator: name.to_owned(),
-                message: format!("{} aggregates; at most 255 are supported", plan.aggs.len()),
-            });
-        }
+        let plan = checked_plan(&config, input)?;
+        let name = plan.name;
         let mut stores = Vec::with_capacity(config.num_partitions as usize);
         for partition in 0..config.num_partitions {
             let dir = config.state_dir.join(partition.to_string());
@@ -664,6 +649,43 @@ impl AggregateOperator {
     }
 }
 
+/// Resolves `config` against `input`, refusing what cannot run.
+fn checked_plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, OperatorError> {
+    let name = match &config.window {
+        Some(WindowConfig {
+            spec: WindowSpec::Session { .. },
+            ..
+        }) => plan::NAME_SESSION,
+        _ => plan::NAME,
+    };
+    let plan = plan::plan(config, input).map_err(|e| OperatorError::Invalid {
+        operator: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    if plan.aggs.len() > usize::from(u8::MAX) {
+        return Err(OperatorError::Invalid {
+            operator: name.to_owned(),
+            message: format!("{} aggregates; at most 255 are supported", plan.aggs.len()),
+        });
+    }
+    Ok(plan)
+}
+
+/// The shape of the state [`AggregateOperator::new`] would keep for
+/// `config` over `input`, found without opening any store: the key is the
+/// window (`window_start`, `window_end`) then the group keys in state-key
+/// order; the value is every aggregate's buffer, named `<output>.<part>`.
+///
+/// # Errors
+/// As [`AggregateOperator::new`] for a configuration that cannot run.
+pub fn state_schema(
+    config: &AggregateConfig,
+    input: &SchemaRef,
+) -> Result<StateSchema, OperatorError> {
+    let plan = checked_plan(config, input)?;
+    Ok(plan::state_schema(&plan))
+}
+
 /// The state key of session `[start, end)` of keys `k`.
 fn session_key(start: i64, end: i64, k: &[u8]) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + 16 + k.len());
@@ -797,25 +819,6 @@ impl StatefulOperator for AggregateOperator {
         })?;
         debug_assert!(batch.as_ref().map_or(0, RecordBatch::num_rows) == rows);
         Ok(batch.into_iter().collect())
-    }
-
-    fn has_work_at(&self, watermark_ms: i64) -> Result<bool, StateError> {
-        if !self.plan.evicts {
-            return Ok(false);
-        }
-        let (start, end) =
-            Self::expired_range(&self.plan, GROUP, watermark_ms.saturating_mul(1000));
-        for store in &self.stores {
-            let mut found = false;
-            store.scan(&start, Some(&end), &mut |_, _| {
-                found = true;
-                Ok(false)
-            })?;
-            if found {
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {

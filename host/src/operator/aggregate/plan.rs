@@ -11,6 +11,7 @@ use super::decimal;
 use super::expr::{AggExpr, AggFunction};
 use super::{AggOutputMode, AggregateConfig, WindowSpec};
 use crate::operator::key_encoding::key_type_supported;
+use crate::operator::stateful::StateSchema;
 
 /// Spark's operator names (`StateStoreSaveExec.shortName`,
 /// `SessionWindowStateStoreSaveExec.shortName`).
@@ -465,6 +466,65 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
         aggs,
         time_key,
     })
+}
+
+/// What a group's state holds (see `value` for the byte layout).
+pub(super) fn state_schema(plan: &Plan) -> StateSchema {
+    let mut key = Vec::new();
+    if let Some(w) = &plan.window {
+        key.push(Field::new("window_start", w.data_type.clone(), false));
+        key.push(Field::new("window_end", w.data_type.clone(), false));
+    }
+    key.extend(
+        plan.keys
+            .iter()
+            .map(|k| Field::new(&k.name, k.data_type.clone(), true)),
+    );
+    let mut value = Vec::new();
+    for agg in &plan.aggs {
+        let name = agg.field.name();
+        let input = agg
+            .column
+            .map_or(DataType::Null, |c| plan.input.field(c).data_type().clone());
+        let mut part = |what: &str, data_type: DataType| {
+            value.push(Field::new(format!("{name}.{what}"), data_type, true));
+        };
+        match agg.kind {
+            AggKind::CountAll | AggKind::Count => part("count", DataType::Int64),
+            AggKind::CountDistinct => {
+                part("count", DataType::Int64);
+                part("distinct", input);
+            }
+            AggKind::ApproxCountDistinct => part(
+                "registers",
+                DataType::FixedSizeBinary(super::hll::REGISTERS as i32),
+            ),
+            AggKind::SumInt => part("sum", DataType::Int64),
+            AggKind::SumFloat => part("sum", DataType::Float64),
+            AggKind::SumDecimal { precision, scale } => {
+                part("sum", DataType::Decimal128(precision, scale));
+            }
+            AggKind::AvgFloat => {
+                part("sum", DataType::Float64);
+                part("count", DataType::Int64);
+            }
+            AggKind::AvgDecimal {
+                sum_precision,
+                scale,
+                ..
+            } => {
+                part("sum", DataType::Decimal128(sum_precision, scale));
+                part("count", DataType::Int64);
+            }
+            AggKind::Min(_) => part("min", input),
+            AggKind::Max(_) => part("max", input),
+        }
+    }
+    StateSchema {
+        operator: plan.name,
+        key,
+        value,
+    }
 }
 
 fn is_integer(t: &DataType) -> bool {
