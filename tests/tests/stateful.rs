@@ -447,117 +447,6 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
     Ok(())
 }
 
-/// Two inputs, unioned, each with its own watermark; the query's is their
-/// minimum or maximum by `query.watermark_policy`, and each input's survives
-/// a restart through the checkpoint.
-#[test]
-fn several_inputs_combine_their_watermarks_by_policy() -> Result<()> {
-    fn line(id: u64, at: &str) -> String {
-        format!(
-            "{{\"order_id\":{id},\"customer_id\":1,\"status\":\"completed\",\"amount\":1.00,\"occurred_at\":\"{at}\",\"session_id\":\"s\"}}\n"
-        )
-    }
-    /// Milliseconds of 2024-03-01 at `h:m` UTC.
-    fn ms(h: i64, m: i64) -> i64 {
-        (1_709_251_200 + h * 3600 + m * 60) * 1000
-    }
-    for (policy, expected_first) in [("min", ms(8, 50)), ("max", ms(10, 20))] {
-        let dir = tempfile::tempdir()?;
-        let (east, west) = (dir.path().join("data/east"), dir.path().join("data/west"));
-        std::fs::create_dir_all(&east)?;
-        std::fs::create_dir_all(&west)?;
-        std::fs::write(
-            east.join("e-0.json"),
-            line(1, "2024-03-01T10:00:00Z") + &line(2, "2024-03-01T10:30:00Z"),
-        )?;
-        // West lags an hour behind.
-        std::fs::write(west.join("w-0.json"), line(3, "2024-03-01T09:00:00Z"))?;
-        let text = format!(
-            r#"
-[query]
-name = "two_inputs"
-checkpoint = "checkpoints/two"
-trigger = "available-now"
-output_mode = "append"
-state_store = "memory"
-watermark_policy = "{policy}"
-
-[[source]]
-name = "east"
-kind = "files"
-path = "data/east"
-format = "json"
-schema = "{SCHEMA}"
-
-[[source]]
-name = "west"
-kind = "files"
-path = "data/west"
-format = "json"
-schema = "{SCHEMA}"
-
-[watermark]
-column = "occurred_at"
-delay = "10 minutes"
-
-[aggregate]
-window = {{ column = "occurred_at", size = "5 minutes" }}
-group_by = ["status"]
-select = ["count(*) AS orders"]
-
-[sink]
-kind = "memory"
-"#
-        );
-        let summary = run(dir.path(), &text).map_err(anyhow::Error::msg)?;
-        assert_eq!(summary.input_rows, 3, "{policy}: both inputs are read");
-        let checkpoint = dir.path().join("checkpoints/two");
-        // Batch 0 read both files; batch 1 (no data) runs on the combined watermark.
-        assert_eq!(offsets_watermark(&checkpoint, 0)?, 0);
-        assert_eq!(
-            offsets_watermark(&checkpoint, 1)?,
-            expected_first,
-            "{policy}"
-        );
-        let entry = offsets_entry(&checkpoint, 1)?;
-        let per_input: Vec<i64> = entry["sources"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|s| s["watermarkMs"].as_i64()).collect())
-            .unwrap_or_default();
-        assert_eq!(
-            per_input,
-            [ms(10, 20), ms(8, 50)],
-            "{policy}: each input's own watermark is recorded"
-        );
-        let progress = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-        let first: serde_json::Value =
-            serde_json::from_str(progress.lines().next().unwrap_or_default())?;
-        let rows: Vec<u64> = first["sources"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s["numInputRows"].as_u64())
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert_eq!(rows, [2, 1], "{policy}: progress reports each input");
-
-        // West catches up after a restart: its watermark came from the
-        // checkpoint, east's too, and the combination moves on.
-        std::fs::write(west.join("w-1.json"), line(4, "2024-03-01T11:00:00Z"))?;
-        run(dir.path(), &text).map_err(anyhow::Error::msg)?;
-        let last = *weir_tests::log_ids(&checkpoint.join("offsets"))?
-            .last()
-            .unwrap_or(&0);
-        let expected_after = if policy == "min" {
-            ms(10, 20)
-        } else {
-            ms(10, 50)
-        };
-        assert_eq!(
-            offsets_watermark(&checkpoint, last)?,
-            expected_after,
-            "{policy}"
 #[test]
 fn a_new_column_upstream_of_an_aggregation_or_a_dedup_is_accepted() -> Result<()> {
     let ws = Workspace::new(6, 40)?;
@@ -699,11 +588,6 @@ fn a_dedup_restart_refuses_other_keys_before_touching_state() -> Result<()> {
     Ok(())
 }
 
-fn offsets_entry(checkpoint: &Path, batch: u64) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(checkpoint.join("offsets").join(batch.to_string()))?;
-    Ok(serde_json::from_str(
-        text.lines().nth(1).unwrap_or_default(),
-    )?)
 #[test]
 fn a_checkpoint_with_the_older_fingerprint_resumes_when_its_keys_match() -> Result<()> {
     let ws = Workspace::new(4, 20)?;
@@ -816,4 +700,127 @@ fn dedup_state_stays_bounded_with_the_event_time_among_its_keys_and_grows_withou
     );
     assert!(valid > 5 * ceiling);
     Ok(())
+}
+
+/// Two inputs, unioned, each with its own watermark; the query's is their
+/// minimum or maximum by `query.watermark_policy`, and each input's survives
+/// a restart through the checkpoint.
+#[test]
+fn several_inputs_combine_their_watermarks_by_policy() -> Result<()> {
+    fn line(id: u64, at: &str) -> String {
+        format!(
+            "{{\"order_id\":{id},\"customer_id\":1,\"status\":\"completed\",\"amount\":1.00,\"occurred_at\":\"{at}\",\"session_id\":\"s\"}}\n"
+        )
+    }
+    /// Milliseconds of 2024-03-01 at `h:m` UTC.
+    fn ms(h: i64, m: i64) -> i64 {
+        (1_709_251_200 + h * 3600 + m * 60) * 1000
+    }
+    for (policy, expected_first) in [("min", ms(8, 50)), ("max", ms(10, 20))] {
+        let dir = tempfile::tempdir()?;
+        let (east, west) = (dir.path().join("data/east"), dir.path().join("data/west"));
+        std::fs::create_dir_all(&east)?;
+        std::fs::create_dir_all(&west)?;
+        std::fs::write(
+            east.join("e-0.json"),
+            line(1, "2024-03-01T10:00:00Z") + &line(2, "2024-03-01T10:30:00Z"),
+        )?;
+        // West lags an hour behind.
+        std::fs::write(west.join("w-0.json"), line(3, "2024-03-01T09:00:00Z"))?;
+        let text = format!(
+            r#"
+[query]
+name = "two_inputs"
+checkpoint = "checkpoints/two"
+trigger = "available-now"
+output_mode = "append"
+state_store = "memory"
+watermark_policy = "{policy}"
+
+[[source]]
+name = "east"
+kind = "files"
+path = "data/east"
+format = "json"
+schema = "{SCHEMA}"
+
+[[source]]
+name = "west"
+kind = "files"
+path = "data/west"
+format = "json"
+schema = "{SCHEMA}"
+
+[watermark]
+column = "occurred_at"
+delay = "10 minutes"
+
+[aggregate]
+window = {{ column = "occurred_at", size = "5 minutes" }}
+group_by = ["status"]
+select = ["count(*) AS orders"]
+
+[sink]
+kind = "memory"
+"#
+        );
+        let summary = run(dir.path(), &text).map_err(anyhow::Error::msg)?;
+        assert_eq!(summary.input_rows, 3, "{policy}: both inputs are read");
+        let checkpoint = dir.path().join("checkpoints/two");
+        // Batch 0 read both files; batch 1 (no data) runs on the combined watermark.
+        assert_eq!(offsets_watermark(&checkpoint, 0)?, 0);
+        assert_eq!(
+            offsets_watermark(&checkpoint, 1)?,
+            expected_first,
+            "{policy}"
+        );
+        let entry = offsets_entry(&checkpoint, 1)?;
+        let per_input: Vec<i64> = entry["sources"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s["watermarkMs"].as_i64()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            per_input,
+            [ms(10, 20), ms(8, 50)],
+            "{policy}: each input's own watermark is recorded"
+        );
+        let progress = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
+        let first: serde_json::Value =
+            serde_json::from_str(progress.lines().next().unwrap_or_default())?;
+        let rows: Vec<u64> = first["sources"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s["numInputRows"].as_u64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(rows, [2, 1], "{policy}: progress reports each input");
+
+        // West catches up after a restart: its watermark came from the
+        // checkpoint, east's too, and the combination moves on.
+        std::fs::write(west.join("w-1.json"), line(4, "2024-03-01T11:00:00Z"))?;
+        run(dir.path(), &text).map_err(anyhow::Error::msg)?;
+        let last = *weir_tests::log_ids(&checkpoint.join("offsets"))?
+            .last()
+            .unwrap_or(&0);
+        let expected_after = if policy == "min" {
+            ms(10, 20)
+        } else {
+            ms(10, 50)
+        };
+        assert_eq!(
+            offsets_watermark(&checkpoint, last)?,
+            expected_after,
+            "{policy}"
+        );
+    }
+    Ok(())
+}
+
+fn offsets_entry(checkpoint: &Path, batch: u64) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(checkpoint.join("offsets").join(batch.to_string()))?;
+    Ok(serde_json::from_str(
+        text.lines().nth(1).unwrap_or_default(),
+    )?)
 }
