@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import operator
+from typing import Iterable
 
 import weir_plugin as weir
 from wit_world import exports
@@ -84,16 +85,16 @@ def _literal(value, field: types.Field):
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _values(col: types.Column) -> list:
-    """The column's values as Python values comparable with `_literal`'s."""
+def _values(col: types.Column, rows: int) -> Iterable:
+    """The column's `rows` values as Python values comparable with `_literal`'s."""
     values = col.values
     if isinstance(values, types.ColumnValues_Utf8):
-        return list(weir.Strings(values.value))
+        return weir.Strings(values.value)  # iterated lazily: no list of 65k slices
     if isinstance(values, types.ColumnValues_Decimal128):
         return weir.decimals(values.value)
     if isinstance(values, types.ColumnValues_Boolean):
         bits = int.from_bytes(values.value, "little")
-        return [bool(bits >> i & 1) for i in range(len(values.value) * 8)]
+        return [bool(bits >> i & 1) for i in range(rows)]
     return values.value
 
 
@@ -131,13 +132,15 @@ class Transformer(exports.Transformer):
             return weir.keep(weir.not_bits(validity, rows) if validity else bytes((rows + 7) // 8))
         if self.op == "not_null":
             return weir.keep(validity or weir.not_bits(bytes((rows + 7) // 8), rows))
-        values = _values(col)
+        values = _values(col, rows)
+        lit = self.literal
         if self.op == "in":
-            members = self.literal
-            bits = [v in members for v in values[:rows]]
+            bits = [v in lit for v in values]
+        elif self.op == "eq":  # the common case, without a call per row
+            bits = [v == lit for v in values]
         else:
-            compare, lit = _COMPARE[self.op], self.literal
-            bits = [compare(v, lit) for v in values[:rows]]
+            compare = _COMPARE[self.op]
+            bits = [compare(v, lit) for v in values]
         mask = weir.pack_bits(bits, rows)
         # A null never compares true.
         return weir.keep(weir.and_bits(mask, validity) if validity else mask)
