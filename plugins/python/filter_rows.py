@@ -98,8 +98,10 @@ def _values(col: types.Column, rows: int) -> Iterable:
     return values.value
 
 
-class Transformer(exports.Transformer):
-    def open(self, config: str, input_schema: list[types.Field]) -> list[types.Field]:
+class FilterRows:
+    """The comparison, compiled from the config for the input's column type."""
+
+    def __init__(self, config: str, input_schema: list[types.Field]) -> None:
         cfg = weir.parse_config(config, required=["column", "op"], optional=["value"])
         name, op = cfg["column"], cfg["op"]
         if op not in _OPS:
@@ -117,7 +119,6 @@ class Transformer(exports.Transformer):
             self.literal = {_literal(v, self.field) for v in cfg["value"]}
         else:
             self.literal = _literal(cfg["value"], self.field)
-        return input_schema
 
     def process(self, info: types.BatchInfo, input: types.Batch) -> types.TransformOutput:
         col = weir.column(input, self.field.name)
@@ -144,3 +145,19 @@ class Transformer(exports.Transformer):
         mask = weir.pack_bits(bits, rows)
         # A null never compares true.
         return weir.keep(weir.and_bits(mask, validity) if validity else mask)
+
+
+# componentize-py makes a new `Transformer` for every call, so the opened filter lives here.
+_filter: FilterRows | None = None
+
+
+class Transformer(exports.Transformer):
+    def open(self, config: str, input_schema: list[types.Field]) -> list[types.Field]:
+        global _filter
+        _filter = FilterRows(config, input_schema)
+        return input_schema
+
+    def process(self, info: types.BatchInfo, input: types.Batch) -> types.TransformOutput:
+        if _filter is None:
+            raise weir.fatal("filter_rows: process before open")
+        return _filter.process(info, input)

@@ -85,8 +85,10 @@ def _json_values(col: types.Column) -> list[str]:
     return ["true" if bits >> i & 1 else "false" for i in range(len(values.value) * 8)]
 
 
-class Writer(exports.Writer):
-    def open(self, config: str, input_schema: list[types.Field]) -> None:
+class JsonlSink:
+    """The sink for one data file and its sidecar."""
+
+    def __init__(self, config: str) -> None:
         cfg = weir.parse_config(config, required=["path"])
         path = cfg["path"]
         if not isinstance(path, str) or not os.path.basename(path):
@@ -174,3 +176,18 @@ class Writer(exports.Writer):
             os.replace(tmp, self.sidecar)
         except OSError as e:
             raise _io_error("cannot write", tmp, e) from None
+
+
+# componentize-py makes a new `Writer` for every call, so the opened sink lives here.
+_sink: JsonlSink | None = None
+
+
+class Writer(exports.Writer):
+    def open(self, config: str, input_schema: list[types.Field]) -> None:
+        global _sink
+        _sink = JsonlSink(config)
+
+    def write_batch(self, info: types.BatchInfo, input: types.Batch) -> None:
+        if _sink is None:
+            raise weir.fatal("jsonl_sink: write_batch before open")
+        _sink.write_batch(info, input)
