@@ -7,8 +7,9 @@
 //! peak RSS are the child's own (wait4), and measures the time from starting
 //! `weir run` to the first batch starting.
 //!
-//! `weir-bench boundary` measures the plugin boundary: compile and load
-//! times, per-call overhead, a 65k-row filter in Wasm against native.
+//! `weir-bench boundary` measures the plugin boundary for the filter example in
+//! Rust, Python and JavaScript: compile and load times, instantiation,
+//! per-call overhead, a 65k-row filter in Wasm against native.
 //!
 //! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
 //! side by side (see `stateful.rs`).
@@ -49,7 +50,7 @@ fn main() -> ExitCode {
         Some("kafka") => kafka::kafka(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {
@@ -336,11 +337,51 @@ impl BatchTransform for NativeFilter {
     }
 }
 
-/// The cost of the Wasm boundary itself: a fixed per-call cost, and the
-/// filter example on a 65,536-row batch against the same filter native.
+/// The filter example in each plugin language, built by this crate's build script (Rust by
+/// the host's): (language, file name, the component).
+fn filter_plugins() -> Result<Vec<(&'static str, &'static str, Vec<u8>)>> {
+    let read = |path: &str| std::fs::read(path).with_context(|| format!("reading {path}"));
+    Ok(vec![
+        (
+            "Rust",
+            "filter_rows.wasm",
+            weir_host::examples::FILTER_ROWS_WASM.to_vec(),
+        ),
+        (
+            "Python",
+            "python_filter_rows.wasm",
+            read(env!("WEIR_PLUGIN_PYTHON_FILTER_ROWS"))?,
+        ),
+        (
+            "JavaScript",
+            "js_filter_rows.wasm",
+            read(env!("WEIR_PLUGIN_JS_FILTER_ROWS"))?,
+        ),
+    ])
+}
+
+/// What `boundary` measures for one plugin.
+#[derive(Debug)]
+struct BoundaryRow {
+    size_kb: usize,
+    cold: Duration,
+    warm: Duration,
+    open_us: f64,
+    empty_us: f64,
+    one_us: f64,
+    full_us: f64,
+    full_iterations: usize,
+    kept: usize,
+}
+
+/// The cost of the Wasm boundary itself, per plugin language: compile and cached load, a
+/// fresh instance (pooling allocator) opened with its config, the fixed per-call cost (0 and
+/// 1 rows), and the filter example on a 65,536-row batch; then the same filter native.
 fn boundary(args: &[String]) -> Result<()> {
-    use weir_host::plugin::{EngineOptions, PluginEngine, PluginOptions, Sandbox, WasmTransform};
+    use weir_host::plugin::{EngineOptions, PluginEngine};
     let iterations: usize = flag(args, "--iterations").map_or(Ok(300), |r| r.parse())?;
+    // Python and JavaScript filter 65k rows in a fraction of a second, not a millisecond.
+    let slow_iterations: usize = flag(args, "--slow-iterations").map_or(Ok(20), |r| r.parse())?;
     let work = std::env::temp_dir().join(format!("weir-boundary-{}", std::process::id()));
     let data = work.join("orders");
     weir_host::examples::write_orders(
@@ -378,32 +419,11 @@ fn boundary(args: &[String]) -> Result<()> {
     let mut columns = batch.columns().to_vec();
     columns[2] = Arc::new(statuses);
     let batch = RecordBatch::try_new(batch.schema(), columns)?;
-    let one = batch.slice(0, 1);
-    let empty = batch.slice(0, 0);
 
-    let cache = work.join("cache");
     let engine = PluginEngine::new(EngineOptions {
-        cache_dir: Some(cache),
+        cache_dir: Some(work.join("cache")),
         fuel: false,
     })?;
-    let path = work.join("filter_rows.wasm");
-    std::fs::write(&path, weir_host::examples::FILTER_ROWS_WASM)?;
-    let t = Instant::now();
-    let _ = engine.load("filter_rows", &path)?;
-    let cold = t.elapsed();
-    let t = Instant::now();
-    let loaded = engine.load("filter_rows", &path)?;
-    let warm = t.elapsed();
-    let options = PluginOptions {
-        name: "filter_rows".into(),
-        config_json: r#"{"column":"status","op":"eq","value":"completed"}"#.into(),
-        sandbox: Sandbox::default(),
-        failpoint: None,
-    };
-    let t = Instant::now();
-    let mut wasm = WasmTransform::open(&engine, loaded, options, batch.schema())?;
-    let open = t.elapsed();
-    let mut native = NativeFilter::new(batch.schema());
     let info = BatchInfo {
         query_id: "bench".into(),
         batch_id: 0,
@@ -411,50 +431,138 @@ fn boundary(args: &[String]) -> Result<()> {
         timestamp_micros: 0,
         partition: 0,
     };
-
-    let time = |f: &mut dyn FnMut() -> Result<usize>| -> Result<(f64, usize)> {
-        let mut v = Vec::with_capacity(iterations);
-        let mut rows = 0;
-        for _ in 0..iterations {
-            let t = Instant::now();
-            rows = f()?;
-            v.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        Ok((median(v), rows))
-    };
-    let (empty_us, _) = time(&mut || Ok(wasm.process(&empty, &info)?.num_rows()))?;
-    let (one_us, _) = time(&mut || Ok(wasm.process(&one, &info)?.num_rows()))?;
-    let (wasm_us, wasm_rows) = time(&mut || Ok(wasm.process(&batch, &info)?.num_rows()))?;
-    let (native_us, native_rows) = time(&mut || Ok(native.process(&batch, &info)?.num_rows()))?;
-    if wasm_rows != native_rows {
-        bail!("wasm kept {wasm_rows} rows, native {native_rows}");
+    let mut rows = Vec::new();
+    for (language, file, bytes) in filter_plugins()? {
+        let path = work.join(file);
+        std::fs::write(&path, &bytes)?;
+        let full_iterations = if language == "Rust" {
+            iterations
+        } else {
+            slow_iterations
+        };
+        let row = boundary_row(&engine, &path, &batch, &info, iterations, full_iterations)
+            .with_context(|| format!("{language} filter"))?;
+        rows.push((
+            language,
+            BoundaryRow {
+                size_kb: bytes.len() / 1024,
+                ..row
+            },
+        ));
     }
-    println!("| measure (median of {iterations}) | value |");
-    println!("|---|---|");
+    let mut native = NativeFilter::new(batch.schema());
+    let (native_us, native_rows) = median_us(iterations, &mut || {
+        Ok(native.process(&batch, &info)?.num_rows())
+    })?;
+    for (language, row) in &rows {
+        if row.kept != native_rows {
+            bail!(
+                "the {language} filter kept {} rows, native {native_rows}",
+                row.kept
+            );
+        }
+    }
+
     println!(
-        "| compile filter_rows.wasm ({} KB), cold | {:.1} ms |",
-        weir_host::examples::FILTER_ROWS_WASM.len() / 1024,
-        cold.as_secs_f64() * 1e3
+        "| measure (median of {iterations}; 65,536-row filter: Rust {iterations}, others {slow_iterations}) | {} |",
+        rows.iter().map(|(l, _)| *l).collect::<Vec<_>>().join(" | ")
     );
+    println!("|---|{}", "---|".repeat(rows.len()));
+    let line = |label: &str, cell: &dyn Fn(&BoundaryRow) -> String| {
+        let cells: Vec<String> = rows.iter().map(|(_, r)| cell(r)).collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    };
+    line("component size", &|r| format!("{} KB", r.size_kb));
+    line("compile, cold", &|r| {
+        format!("{:.0} ms", r.cold.as_secs_f64() * 1e3)
+    });
+    line("load from the compiled cache", &|r| {
+        format!("{:.2} ms", r.warm.as_secs_f64() * 1e3)
+    });
+    line("new instance + open (linker, instantiate, `open`)", &|r| {
+        format!("{:.0} µs", r.open_us)
+    });
+    line("call, 0 rows (fixed cost per batch)", &|r| {
+        format!("{:.1} µs", r.empty_us)
+    });
+    line("call, 1 row", &|r| format!("{:.1} µs", r.one_us));
+    line(&format!("filter 65,536 rows (kept {native_rows})"), &|r| {
+        format!("{:.0} µs ({:.2} M rows/s)", r.full_us, 65_536.0 / r.full_us)
+    });
+    line("× the native filter", &|r| {
+        format!("{:.1}", r.full_us / native_us)
+    });
     println!(
-        "| load from the compiled cache | {:.2} ms |",
-        warm.as_secs_f64() * 1e3
+        "\nnative arrow kernels, same filter: {native_us:.0} µs ({:.1} M rows/s); {} iterations of the 65,536-row filter per language: {}",
+        65_536.0 / native_us,
+        rows.iter()
+            .map(|(_, r)| r.full_iterations.to_string())
+            .collect::<Vec<_>>()
+            .join(" / "),
+        rows.iter().map(|(l, _)| *l).collect::<Vec<_>>().join(" / ")
     );
-    println!(
-        "| instantiate + open | {:.2} ms |",
-        open.as_secs_f64() * 1e3
-    );
-    println!("| call, 0 rows | {empty_us:.1} µs |");
-    println!("| call, 1 row | {one_us:.1} µs |");
-    println!(
-        "| filter 65,536 rows, Wasm (kept {wasm_rows}) | {wasm_us:.0} µs ({:.1} M rows/s) |",
-        65_536.0 / wasm_us
-    );
-    println!(
-        "| filter 65,536 rows, native arrow kernels | {native_us:.0} µs ({:.1} M rows/s) |",
-        65_536.0 / native_us
-    );
-    println!("| Wasm / native | {:.2} |", wasm_us / native_us);
     std::fs::remove_dir_all(&work)?;
     Ok(())
+}
+
+/// The median of `iterations` runs of `f`, in µs, and what the last run returned.
+fn median_us(iterations: usize, f: &mut dyn FnMut() -> Result<usize>) -> Result<(f64, usize)> {
+    let mut v = Vec::with_capacity(iterations);
+    let mut out = 0;
+    for _ in 0..iterations.max(1) {
+        let t = Instant::now();
+        out = f()?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok((median(v), out))
+}
+
+/// Measures one filter plugin (see [`boundary`]).
+fn boundary_row(
+    engine: &weir_host::plugin::PluginEngine,
+    path: &Path,
+    batch: &RecordBatch,
+    info: &BatchInfo,
+    iterations: usize,
+    full_iterations: usize,
+) -> Result<BoundaryRow> {
+    use weir_host::plugin::{PluginOptions, Sandbox, WasmTransform};
+    let t = Instant::now();
+    let _ = engine.load("filter_rows", path)?;
+    let cold = t.elapsed();
+    let t = Instant::now();
+    let loaded = engine.load("filter_rows", path)?;
+    let warm = t.elapsed();
+    let options = PluginOptions {
+        name: "filter_rows".into(),
+        config_json: r#"{"column":"status","op":"eq","value":"completed"}"#.into(),
+        sandbox: Sandbox::default(),
+        failpoint: None,
+    };
+    // Each open is a fresh store and instance, opened with the config: what a new query, a
+    // restart or a replaced poisoned instance costs.
+    let (open_us, _) = median_us(iterations.min(50), &mut || {
+        let t = WasmTransform::open(engine, loaded.clone(), options.clone(), batch.schema())?;
+        Ok(t.usage().instantiations as usize)
+    })?;
+    let mut wasm = WasmTransform::open(engine, loaded, options, batch.schema())?;
+    let (empty, one) = (batch.slice(0, 0), batch.slice(0, 1));
+    let (empty_us, _) = median_us(iterations, &mut || {
+        Ok(wasm.process(&empty, info)?.num_rows())
+    })?;
+    let (one_us, _) = median_us(iterations, &mut || Ok(wasm.process(&one, info)?.num_rows()))?;
+    let (full_us, kept) = median_us(full_iterations, &mut || {
+        Ok(wasm.process(batch, info)?.num_rows())
+    })?;
+    Ok(BoundaryRow {
+        size_kb: 0,
+        cold,
+        warm,
+        open_us,
+        empty_us,
+        one_us,
+        full_us,
+        full_iterations,
+        kept,
+    })
 }

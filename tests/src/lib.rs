@@ -52,6 +52,13 @@ impl Workspace {
 /// The misbehaving plugin (`plugins/hostile`), built by this crate's build script.
 pub const HOSTILE_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_HOSTILE"));
 
+/// The Python example plugins (`plugins/python`), built by this crate's build script.
+pub const PYTHON_FILTER_ROWS: &str = env!("WEIR_PLUGIN_PYTHON_FILTER_ROWS");
+pub const PYTHON_JSONL_SINK: &str = env!("WEIR_PLUGIN_PYTHON_JSONL_SINK");
+/// The JavaScript example plugins (`plugins/js`), built by this crate's build script.
+pub const JS_FILTER_ROWS: &str = env!("WEIR_PLUGIN_JS_FILTER_ROWS");
+pub const JS_JSONL_SINK: &str = env!("WEIR_PLUGIN_JS_JSONL_SINK");
+
 /// The orders schema in DDL form.
 pub const SCHEMA: &str = weir_host::examples::ORDERS_SCHEMA;
 
