@@ -288,7 +288,7 @@ fn startup(exe: &Path, work: &Path, cache: &Path) -> Result<Duration> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    if v.len() % 2 == 0 && mid > 0 {
+    if v.len().is_multiple_of(2) && mid > 0 {
         (v[mid - 1] + v[mid]) / 2.0
     } else {
         v[mid]

@@ -741,6 +741,7 @@ impl Query {
         }
         let commit_ms = millis(commit_started.elapsed());
         let total_ms = millis(trigger_start.elapsed());
+        let latest_offset_ms = millis(std::mem::take(&mut self.poll_time));
         let record = self.progress(
             n,
             &entry,
@@ -748,12 +749,7 @@ impl Query {
             state_metrics,
             usage_before,
             since_last,
-            [
-                millis(std::mem::take(&mut self.poll_time)),
-                wal_ms,
-                commit_ms,
-                total_ms,
-            ],
+            [latest_offset_ms, wal_ms, commit_ms, total_ms],
         );
         let json = serde_json::to_value(&record).map_err(|e| QueryError::Protocol {
             batch_id: n,

@@ -99,13 +99,12 @@ fn recorded_offsets(
         .and_then(|e| e["sources"].get(index))
         .and_then(|s| s.get(field))
         .cloned();
-    from_field(name, batch, field, value)
+    from_field(name, batch, value)
 }
 
 fn from_field(
     name: &str,
     batch: u64,
-    field: &str,
     value: Option<serde_json::Value>,
 ) -> Result<PartitionOffsets, SourceError> {
     let missing = || SourceError::MissingLog {
@@ -162,8 +161,8 @@ impl Source for KafkaInput {
         recorded: &Recorded,
     ) -> Result<SourceBatch, SourceError> {
         let name = self.source.name().to_owned();
-        let end = from_field(&name, batch_id, END, recorded.get(END).cloned())?;
-        let start = from_field(&name, batch_id, START, recorded.get(START).cloned())?;
+        let end = from_field(&name, batch_id, recorded.get(END).cloned())?;
+        let start = from_field(&name, batch_id, recorded.get(START).cloned())?;
         // Planned by this run: the latest offsets seen then are known; on a
         // replay after a restart the end stands for them.
         let latest = match &self.last {
