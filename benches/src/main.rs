@@ -12,6 +12,9 @@
 //!
 //! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
 //! side by side (see `stateful.rs`).
+//!
+//! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR]` times Delta
+//! commits and a Delta → Delta query (see `delta.rs`).
 
 #![allow(
     clippy::print_stdout,
@@ -32,6 +35,7 @@ use weir_host::operator::{BatchTransform, TransformError};
 use weir_host::plugin::BatchInfo;
 use weir_host::query::{Query, QueryOptions};
 
+mod delta;
 mod stateful;
 
 fn main() -> ExitCode {
@@ -41,9 +45,10 @@ fn main() -> ExitCode {
         Some("run-variant") => run_variant(&args[2..]),
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
+        Some("delta") => delta::delta(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR]"
         )),
     };
     match result {

@@ -44,6 +44,11 @@ pub fn of(
                 "path": f.path.display().to_string(),
                 "format": format!("{:?}", f.format),
             }),
+            SourceKind::Delta(d) => json!({
+                "name": s.name,
+                "kind": "delta",
+                "path": d.path.display().to_string(),
+            }),
         })
         .collect();
     let stateful = if let Some(a) = &pipeline.aggregate {
@@ -95,6 +100,7 @@ pub fn of(
             SinkSpec::Console { .. } => "console",
             SinkSpec::Memory => "memory",
             SinkSpec::Plugin(_) => "plugin",
+            SinkSpec::Delta(_) => "delta",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
     })

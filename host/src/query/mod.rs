@@ -38,7 +38,7 @@ use crate::plugin::{
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
-use crate::source::{FileEntry, FilesSource, SourceError};
+use crate::source::{DeltaSource, FilesSource, Input, InputError, Units};
 use crate::spec::{self, OutputMode, Pipeline, SinkSpec, SourceKind, Trigger};
 use crate::state::{StateError, StateOptions, StoreKind};
 use crate::watermark::{EventTimeRange, Watermark, WatermarkError};
@@ -115,7 +115,7 @@ pub enum QueryError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
-    Source(#[from] SourceError),
+    Source(#[from] InputError),
     #[error("source {source_name}: {error}")]
     Decoder {
         source_name: String,
@@ -188,7 +188,7 @@ pub struct Query {
     pipeline: Pipeline,
     checkpoint: Checkpoint,
     run_id: String,
-    source: FilesSource,
+    source: Input,
     dead_letter: Option<PathBuf>,
     transforms: Vec<Box<dyn BatchTransform>>,
     watermark: Option<Watermark>,
@@ -246,42 +246,27 @@ impl Query {
         };
 
         let source_spec = &pipeline.sources[0];
-        let SourceKind::Files(files) = &source_spec.kind;
-        let decoder = Decoder::new(
-            Arc::clone(&files.schema),
-            DecoderOptions {
-                format: match &files.format {
-                    spec::InputFormat::Json => decode::Format::JsonLines,
-                    spec::InputFormat::Csv { header, delimiter } => {
-                        decode::Format::Csv(decode::CsvOptions {
-                            header: *header,
-                            delimiter: *delimiter,
-                            quote: b'"',
-                        })
-                    }
-                },
-                policy: match files.on_malformed {
-                    spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
-                    spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
-                    spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
-                    spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
-                },
-                batch_size: 65_536,
-            },
-        )
-        .map_err(|error| QueryError::Decoder {
-            source_name: source_spec.name.clone(),
-            error,
-        })?;
-        let source = FilesSource::open(
-            source_spec.name.clone(),
-            0,
-            files.path.clone(),
-            files.max_files_per_trigger,
-            decoder,
-            &checkpoint,
-            last_planned,
-        )?;
+        let (source, dead_letter) = match &source_spec.kind {
+            SourceKind::Files(files) => {
+                let source = files_source(&source_spec.name, files, &checkpoint, last_planned)?;
+                (Input::Files(source), files.dead_letter_path.clone())
+            }
+            SourceKind::Delta(d) => (
+                Input::Delta(
+                    DeltaSource::open(
+                        source_spec.name.clone(),
+                        0,
+                        d.path.clone(),
+                        d.max_files_per_trigger,
+                        d.starting_version,
+                        &checkpoint,
+                        last_planned,
+                    )
+                    .map_err(InputError::from)?,
+                ),
+                None,
+            ),
+        };
 
         let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
@@ -395,6 +380,13 @@ impl Query {
                 *max_rows,
             )),
             SinkSpec::Memory => Box::new(options.memory_sink.clone().unwrap_or_default()),
+            SinkSpec::Delta(d) => Box::new(delta_sink(
+                d,
+                &pipeline.query,
+                checkpoint.dir(),
+                checkpoint.query_id(),
+                options.failpoint,
+            )?),
             SinkSpec::Plugin(p) => {
                 let loaded = engine.load(&p.name, &p.plugin)?;
                 let plugin = WasmSink::open(
@@ -425,7 +417,6 @@ impl Query {
                 Box::new(PluginSink::new(plugin))
             }
         };
-        let dead_letter = files.dead_letter_path.clone();
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
@@ -486,13 +477,13 @@ impl Query {
                 let mut remaining = self.source.list_new()?;
                 while !remaining.is_empty() && !self.stopped() {
                     let files = self.source.take(&remaining, false);
-                    remaining.drain(..files.len());
+                    remaining.drain_front(files.len());
                     self.plan_and_run(files)?;
                 }
                 // Then, like Spark, one batch without data if the watermark
                 // moved, so that what it passed is emitted.
                 if !self.stopped() && self.wants_no_data_batch() {
-                    self.plan_and_run(Vec::new())?;
+                    self.plan_and_run(self.source.nothing())?;
                 }
             }
             Trigger::Once => {
@@ -519,6 +510,8 @@ impl Query {
                 }
             }
         }
+        // Every batch run so far is committed: the sink may now publish what it held back.
+        self.sink.close()?;
         Ok(self.summary.clone())
     }
 
@@ -533,7 +526,7 @@ impl Query {
         }
         self.advance_idle_watermark();
         if self.wants_no_data_batch() {
-            self.plan_and_run(Vec::new())?;
+            self.plan_and_run(self.source.nothing())?;
             return Ok(true);
         }
         Ok(false)
@@ -589,7 +582,7 @@ impl Query {
     }
 
     /// Plans the next batch over `files` (durably) and runs it.
-    fn plan_and_run(&mut self, files: Vec<FileEntry>) -> Result<(), QueryError> {
+    fn plan_and_run(&mut self, files: Units) -> Result<(), QueryError> {
         let n = self.next_batch;
         let started = Instant::now();
         self.source.record(&self.checkpoint, n, &files)?;
@@ -806,8 +799,7 @@ impl Query {
     fn execute(&mut self, info: &BatchInfo, entry: &OffsetEntry) -> Result<Outcome, QueryError> {
         let n = info.batch_id;
         let get_started = Instant::now();
-        let files = self.source.planned(&self.checkpoint, n)?;
-        let decoded = self.source.read(n, &files)?;
+        let (decoded, files) = self.source.read(&self.checkpoint, n)?;
         if let Some(dir) = &self.dead_letter
             && !decoded.malformed.is_empty()
         {
@@ -846,7 +838,7 @@ impl Query {
         }
         let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
         Ok(Outcome {
-            files: files.len(),
+            files,
             input_rows: decoded.num_input_rows,
             malformed_rows: decoded.num_malformed,
             output_rows,
@@ -872,7 +864,7 @@ fn is_retryable(e: &QueryError) -> bool {
         QueryError::Transform(t) => t.is_retryable(),
         QueryError::Plugin(p) => p.is_retryable(),
         QueryError::Sink(s) => s.is_retryable(),
-        QueryError::Source(SourceError::Read { .. }) => true,
+        QueryError::Source(e) => e.is_retryable(),
         _ => false,
     }
 }
@@ -993,6 +985,97 @@ fn build_stateful(
         ));
     }
     Ok(None)
+}
+
+/// The files source of the pipeline, with its decoder.
+fn files_source(
+    name: &str,
+    files: &spec::FilesSourceSpec,
+    checkpoint: &Checkpoint,
+    last_planned: Option<u64>,
+) -> Result<FilesSource, QueryError> {
+    let decoder = Decoder::new(
+        Arc::clone(&files.schema),
+        DecoderOptions {
+            format: match &files.format {
+                spec::InputFormat::Json => decode::Format::JsonLines,
+                spec::InputFormat::Csv { header, delimiter } => {
+                    decode::Format::Csv(decode::CsvOptions {
+                        header: *header,
+                        delimiter: *delimiter,
+                        quote: b'"',
+                    })
+                }
+            },
+            policy: match files.on_malformed {
+                spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
+                spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
+                spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
+                spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
+            },
+            batch_size: 65_536,
+        },
+    )
+    .map_err(|error| QueryError::Decoder {
+        source_name: name.to_owned(),
+        error,
+    })?;
+    let source = FilesSource::open(
+        name.to_owned(),
+        0,
+        files.path.clone(),
+        files.max_files_per_trigger,
+        decoder,
+        checkpoint,
+        last_planned,
+    )
+    .map_err(InputError::from)?;
+    Ok(source)
+}
+
+/// The Delta sink of the pipeline, checked against the query's output mode.
+fn delta_sink(
+    spec: &spec::DeltaSinkSpec,
+    query: &spec::QuerySpec,
+    checkpoint_dir: &std::path::Path,
+    query_id: &str,
+    failpoint: Option<Failpoint>,
+) -> Result<sink::delta::DeltaSink, QueryError> {
+    use sink::delta::{CommitPolicy, DeltaSink, DeltaSinkOptions, WriteMode};
+    let invalid = |message: String| QueryError::Invalid {
+        query: query.name.clone(),
+        message,
+    };
+    let mode = match query.output_mode {
+        OutputMode::Append => WriteMode::Append,
+        OutputMode::Complete => WriteMode::Complete,
+        OutputMode::Update => {
+            return Err(invalid(
+                "a delta sink takes output_mode \"append\" or \"complete\", not \"update\" (as in Spark; upserts need MERGE)".into(),
+            ));
+        }
+    };
+    let commit = match spec.commit_every {
+        spec::CommitEvery::Batches(n) => CommitPolicy::Batches(n.get()),
+        spec::CommitEvery::Interval(d) => CommitPolicy::Interval(d),
+    };
+    if mode == WriteMode::Complete && commit != CommitPolicy::Batches(1) {
+        return Err(invalid(
+            "sink.commit_every: complete mode rewrites the whole table every batch, so it commits every batch; remove commit_every".into(),
+        ));
+    }
+    let sink = DeltaSink::new(DeltaSinkOptions {
+        path: spec.path.clone(),
+        query_id: query_id.to_owned(),
+        mode,
+        partition_by: spec.partition_by.clone(),
+        target_file_size: spec.target_file_size,
+        commit,
+        pending_dir: checkpoint_dir.join("sinks").join("delta").join("pending"),
+        failpoint,
+    })
+    .map_err(SinkError::from)?;
+    Ok(sink)
 }
 
 fn millis_i64(d: Duration) -> i64 {

@@ -8,8 +8,10 @@
 //! - `console`: Spark's console sink, for people watching a terminal.
 //! - `memory`: batches kept in memory, for programs embedding the host.
 //! - `plugin`: a Wasm foreachBatch sink.
+//! - `delta`: a Delta Lake table, one commit with a txn action per batch.
 
 pub mod console;
+pub mod delta;
 pub mod files;
 
 use std::collections::BTreeMap;
@@ -30,6 +32,8 @@ pub enum SinkError {
     Console(std::io::Error),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Delta(#[from] delta::DeltaSinkError),
     #[error("sink {sink}: cannot combine the batch's parts: {source}")]
     Arrow {
         sink: String,
@@ -42,6 +46,7 @@ impl SinkError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Plugin(e) => e.is_retryable(),
+            Self::Delta(e) => e.is_retryable(),
             Self::Files(_) | Self::Console(_) => true,
             Self::Arrow { .. } => false,
         }
@@ -68,6 +73,36 @@ pub trait Sink: Send {
     /// Resources a plugin sink used, for progress.
     fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
         None
+    }
+
+    /// The query is stopping after its last committed batch: make durable anything held back
+    /// (the Delta sink's `commit_every`).
+    ///
+    /// # Errors
+    /// When that fails; what was held back stays for the next run.
+    fn close(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+impl Sink for delta::DeltaSink {
+    fn description(&self) -> String {
+        delta::DeltaSink::description(self).to_owned()
+    }
+
+    fn write_batch(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, SinkError> {
+        self.write(info, schema, batches)?;
+        Ok(batches.iter().map(|b| b.num_rows() as u64).sum())
+    }
+
+    fn close(&mut self) -> Result<(), SinkError> {
+        self.flush()?;
+        Ok(())
     }
 }
 

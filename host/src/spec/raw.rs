@@ -85,6 +85,7 @@ pub(super) struct RawSource {
     pub on_malformed: Option<String>,
     pub dead_letter_path: Option<String>,
     pub csv: Option<RawCsv>,
+    pub starting_version: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +126,11 @@ pub(super) struct RawSink {
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub capabilities: Option<RawCapabilities>,
+    pub partition_by: Option<Vec<String>>,
+    /// A string such as "128 MiB" or an integer number of bytes.
+    pub target_file_size: Option<Value>,
+    /// An integer (batches) or a duration string ("30s").
+    pub commit_every: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

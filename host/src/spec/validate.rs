@@ -23,8 +23,9 @@ use super::{
     WindowSpec,
 };
 use super::{
-    Capabilities, DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode,
-    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
+    Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
+    DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode, Pipeline,
+    PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
     TransformSpec, Trigger,
 };
 
@@ -489,20 +490,33 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
         .and_then(|n| check_name(c, &key("name"), n));
     let kind_ok = match s.kind.as_deref() {
         None => {
-            c.push(&key("kind"), "required key is missing: use \"files\"");
+            c.push(
+                &key("kind"),
+                "required key is missing: use \"files\" or \"delta\"",
+            );
             false
         }
         Some("files") => true,
+        Some("delta") => {
+            let s = RawSource { name: None, ..s };
+            return delta_source(&label, name, s, base, c);
+        }
         Some(other) => {
             // The other keys belong to a kind that does not exist: checking them as files keys
             // would only add noise.
             c.push(
                 &key("kind"),
-                format!("{other:?} is not a source kind: use \"files\""),
+                format!("{other:?} is not a source kind: use \"files\" or \"delta\""),
             );
             return None;
         }
     };
+    if s.starting_version.is_some() {
+        c.push(
+            &key("starting_version"),
+            "only a delta source takes starting_version",
+        );
+    }
 
     let path = c.path(&key("path"), s.path, base);
     let format_name = s.format.as_deref();
@@ -609,6 +623,66 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
             max_files_per_trigger: max_files_per_trigger?,
             on_malformed: on_malformed?,
             dead_letter_path: dead_letter_path?,
+        }),
+    })
+}
+
+/// `[[source]]` of kind "delta": a table path and where to start; the schema is the table's.
+fn delta_source(
+    label: &str,
+    name: Option<String>,
+    s: RawSource,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<SourceSpec> {
+    let key = |k: &str| format!("{label}.{k}");
+    let stray = [
+        ("format", s.format.is_some()),
+        ("schema", s.schema.is_some()),
+        ("on_malformed", s.on_malformed.is_some()),
+        ("dead_letter_path", s.dead_letter_path.is_some()),
+        ("csv", s.csv.is_some()),
+    ];
+    let mut ok = true;
+    for (k, _) in stray.iter().filter(|(_, here)| *here) {
+        ok = false;
+        c.push(
+            &key(k),
+            "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, \
+             starting_version; the schema is the table's)",
+        );
+    }
+    let path = c.path(&key("path"), s.path, base);
+    let max_files_per_trigger = match s.max_files_per_trigger {
+        None => Some(None),
+        Some(n) => c
+            .positive(&key("max_files_per_trigger"), n)
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(NonZeroUsize::new)
+            .map(Some),
+    };
+    let starting_version = match s.starting_version {
+        None => Some(None),
+        Some(v) => match u64::try_from(v) {
+            Ok(v) => Some(Some(v)),
+            Err(_) => {
+                c.push(
+                    &key("starting_version"),
+                    format!("must be a table version (0 or more), not {v}"),
+                );
+                None
+            }
+        },
+    };
+    if !ok {
+        return None;
+    }
+    Some(SourceSpec {
+        name: name?,
+        kind: SourceKind::Delta(DeltaSourceSpec {
+            path: path?,
+            max_files_per_trigger: max_files_per_trigger?,
+            starting_version: starting_version?,
         }),
     })
 }
@@ -833,7 +907,7 @@ fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<Plugi
 }
 
 fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
-    const KINDS: [&str; 4] = ["files", "console", "plugin", "memory"];
+    const KINDS: [&str; 5] = ["files", "console", "plugin", "memory", "delta"];
     let Some(s) = raw else {
         c.push("sink", "required table [sink] is missing");
         return None;
@@ -850,6 +924,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         "console" => &["max_rows"],
         "memory" => &[],
         "plugin" => &["name", "plugin", "config", "limits", "capabilities"],
+        "delta" => &["path", "partition_by", "target_file_size", "commit_every"],
         other => {
             c.push(
                 "sink.kind",
@@ -867,6 +942,9 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ("config", s.config.is_some()),
         ("limits", s.limits.is_some()),
         ("capabilities", s.capabilities.is_some()),
+        ("partition_by", s.partition_by.is_some()),
+        ("target_file_size", s.target_file_size.is_some()),
+        ("commit_every", s.commit_every.is_some()),
     ];
     let mut stray = false;
     for (key, _) in present
@@ -917,6 +995,14 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             })
         }
         "memory" => Some(SinkSpec::Memory),
+        "delta" => delta_sink(
+            c,
+            s.path,
+            s.partition_by,
+            s.target_file_size,
+            s.commit_every,
+            base,
+        ),
         _ => {
             let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
             let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
@@ -933,6 +1019,99 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         }
     };
     if stray { None } else { spec }
+}
+
+fn delta_sink(
+    c: &mut Collector,
+    path: Option<String>,
+    partition_by: Option<Vec<String>>,
+    target_file_size: Option<Value>,
+    commit_every: Option<Value>,
+    base: &Path,
+) -> Option<SinkSpec> {
+    let path = c.path("sink.path", path, base);
+    let partition_by = partition_by.unwrap_or_default();
+    let mut columns_ok = true;
+    for (i, column) in partition_by.iter().enumerate() {
+        if column.trim().is_empty() {
+            columns_ok = false;
+            c.push(&format!("sink.partition_by[{i}]"), "must not be empty");
+        } else if partition_by[..i].contains(column) {
+            columns_ok = false;
+            c.push(
+                &format!("sink.partition_by[{i}]"),
+                format!("column {column:?} is listed twice"),
+            );
+        }
+    }
+    let target_file_size = match target_file_size {
+        None => Some(DEFAULT_DELTA_TARGET_FILE_SIZE),
+        Some(Value::Integer(n)) => c.positive("sink.target_file_size", n),
+        Some(Value::String(text)) => match parse_byte_size(&text) {
+            Ok(0) => {
+                c.push("sink.target_file_size", "must be more than zero");
+                None
+            }
+            Ok(n) => Some(n),
+            Err(err) => {
+                c.push("sink.target_file_size", err);
+                None
+            }
+        },
+        Some(other) => {
+            c.push(
+                "sink.target_file_size",
+                format!(
+                    "expected a size such as \"128 MiB\" or a number of bytes, found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    };
+    let commit_every = match commit_every {
+        None => std::num::NonZeroU64::new(1).map(CommitEvery::Batches),
+        Some(Value::Integer(n)) => c
+            .positive("sink.commit_every", n)
+            .and_then(std::num::NonZeroU64::new)
+            .map(CommitEvery::Batches),
+        Some(Value::String(text)) => match parse_duration(&text) {
+            Ok(d) if d.is_zero() => {
+                c.push(
+                    "sink.commit_every",
+                    "must be longer than zero (or 1 for a commit per batch)",
+                );
+                None
+            }
+            Ok(d) => Some(CommitEvery::Interval(d)),
+            Err(err) => {
+                c.push(
+                    "sink.commit_every",
+                    format!("{err}; or an integer number of batches"),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            c.push(
+                "sink.commit_every",
+                format!(
+                    "expected a number of batches or a duration such as \"30s\", found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    };
+    if !columns_ok {
+        return None;
+    }
+    Some(SinkSpec::Delta(DeltaSinkSpec {
+        path: path?,
+        partition_by,
+        target_file_size: target_file_size?,
+        commit_every: commit_every?,
+    }))
 }
 
 fn capabilities(
