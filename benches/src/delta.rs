@@ -33,7 +33,7 @@ pub fn delta(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&work)?;
 
     let batch = orders(&work.join("gen-commit"), rows)?;
-    let mut sink = sink(&work, "commit")?;
+    let mut sink = open_sink(&work, "commit")?;
     let schema = batch.schema();
     let mut times = Vec::new();
     for n in 0..commits {
@@ -52,7 +52,7 @@ pub fn delta(args: &[String]) -> Result<()> {
 
     // Bronze: the chain's input, in batches of at most 100,000 rows.
     let chunk = orders(&work.join("gen-chain"), chain_rows.min(100_000))?;
-    let mut bronze = sink(&work, "bronze")?;
+    let mut bronze = open_sink(&work, "bronze")?;
     let mut written = 0;
     let mut n = 0;
     while written < chain_rows {
@@ -84,7 +84,7 @@ pub fn delta(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn sink(work: &Path, name: &str) -> Result<DeltaSink> {
+fn open_sink(work: &Path, name: &str) -> Result<DeltaSink> {
     Ok(DeltaSink::new(DeltaSinkOptions {
         path: work.join("tables").join(name),
         query_id: format!("bench-{name}"),

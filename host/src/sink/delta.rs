@@ -39,6 +39,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
@@ -101,7 +102,8 @@ pub enum DeltaSinkError {
         table: PathBuf,
         batch_id: u64,
         op: &'static str,
-        source: DeltaTableError,
+        /// Boxed: deltalake's error is large.
+        source: Box<DeltaTableError>,
     },
     #[error("delta sink {}: partition column {column:?} is not a column of the query's output ({columns})", table.display())]
     PartitionColumn {
@@ -137,7 +139,7 @@ impl DeltaSinkError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Delta { source, .. } => !matches!(
-                source,
+                **source,
                 DeltaTableError::SchemaMismatch { .. } | DeltaTableError::Arrow { .. }
             ),
             Self::Io { .. } | Self::Checkpoint(_) => true,
@@ -219,7 +221,7 @@ impl DeltaSink {
             table: table.clone(),
             batch_id,
             op,
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -273,10 +275,8 @@ impl DeltaSink {
             }
         }
         let create = self.delta_error(batch_id, "create the table from the query's schema");
-        let kernel: StructType = schema
-            .as_ref()
-            .try_into_kernel()
-            .map_err(|e| create(e.into()))?;
+        let arrow = delta_schema(schema);
+        let kernel: StructType = (&arrow).try_into_kernel().map_err(|e| create(e.into()))?;
         let name = path
             .file_name()
             .map_or_else(|| "table".to_owned(), |n| n.to_string_lossy().into_owned());
@@ -413,8 +413,9 @@ impl DeltaSink {
             .with_target_file_size(target);
         self.runtime
             .block_on(async {
+                let target = Arc::new(delta_schema(schema));
                 for batch in batches.iter().filter(|b| b.num_rows() > 0) {
-                    writer.write(batch.clone()).await?;
+                    writer.write(relabel(batch, &target)?).await?;
                 }
                 writer.flush().await
             })
@@ -484,12 +485,54 @@ impl DeltaSink {
     }
 }
 
+/// Delta's timestamp is microseconds in UTC, which Arrow spells with the zone "UTC"; Spark's
+/// TIMESTAMP (here: any zone offset, such as "+00:00") is the same instant on the same scale.
+fn delta_schema(schema: &SchemaRef) -> arrow_schema::Schema {
+    let fields: Vec<arrow_schema::Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            arrow_schema::DataType::Timestamp(_, Some(_)) => {
+                f.as_ref()
+                    .clone()
+                    .with_data_type(arrow_schema::DataType::Timestamp(
+                        arrow_schema::TimeUnit::Microsecond,
+                        Some("UTC".into()),
+                    ))
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    arrow_schema::Schema::new(fields)
+}
+
+/// `batch` with the schema `target` (same columns; timestamps relabelled to "UTC", a
+/// metadata-only cast).
+fn relabel(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, DeltaTableError> {
+    if batch.schema().fields() == target.fields() {
+        return Ok(batch.clone());
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(target.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                arrow_cast::cast(c, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(target), columns)?)
+}
+
 fn unreachable_table(path: &Path, batch_id: u64) -> DeltaSinkError {
     DeltaSinkError::Delta {
         table: path.to_path_buf(),
         batch_id,
         op: "use the table",
-        source: DeltaTableError::NotInitialized,
+        source: Box::new(DeltaTableError::NotInitialized),
     }
 }
 
@@ -663,7 +706,8 @@ mod tests {
         let b = batch(&[1, 2, 3]);
         let schema = b.schema();
         assert_eq!(
-            sink.write(&info(0), &schema, &[b.clone()]).unwrap(),
+            sink.write(&info(0), &schema, std::slice::from_ref(&b))
+                .unwrap(),
             Written::Committed(1)
         );
         assert_eq!(
@@ -757,7 +801,9 @@ mod tests {
         opts.partition_by = vec!["region".into()];
         let mut sink = DeltaSink::new(opts).unwrap();
         let b = batch(&[1]);
-        let err = sink.write(&info(0), &b.schema(), &[b.clone()]).unwrap_err();
+        let err = sink
+            .write(&info(0), &b.schema(), std::slice::from_ref(&b))
+            .unwrap_err();
         assert!(
             err.to_string().ends_with(
                 "partition column \"region\" is not a column of the query's output (id, kind)"

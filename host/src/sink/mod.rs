@@ -32,13 +32,20 @@ pub enum SinkError {
     Console(std::io::Error),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// Boxed: deltalake's errors are large, and every query result carries this type.
     #[error(transparent)]
-    Delta(#[from] delta::DeltaSinkError),
+    Delta(Box<delta::DeltaSinkError>),
     #[error("sink {sink}: cannot combine the batch's parts: {source}")]
     Arrow {
         sink: String,
         source: arrow_schema::ArrowError,
     },
+}
+
+impl From<delta::DeltaSinkError> for SinkError {
+    fn from(e: delta::DeltaSinkError) -> Self {
+        Self::Delta(Box::new(e))
+    }
 }
 
 impl SinkError {

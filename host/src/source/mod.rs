@@ -19,6 +19,10 @@ pub use files::{FileEntry, FilesSource, SourceError};
 
 /// The source of a query, whatever its kind.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per query, made once and never moved on a hot path"
+)]
 pub enum Input {
     Files(FilesSource),
     Delta(DeltaSource),
