@@ -17,6 +17,8 @@
 //! `weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json]`
 //! produces N orders to a mock Kafka cluster and runs Kafka → JSON decode → files (see
 //! `kafka.rs`).
+//! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR]` times Delta
+//! commits and a Delta → Delta query (see `delta.rs`).
 
 #![allow(
     clippy::print_stdout,
@@ -37,6 +39,7 @@ use weir_host::operator::{BatchTransform, TransformError};
 use weir_host::plugin::BatchInfo;
 use weir_host::query::{Query, QueryOptions};
 
+mod delta;
 mod kafka;
 mod stateful;
 
@@ -48,9 +51,10 @@ fn main() -> ExitCode {
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
         Some("kafka") => kafka::kafka(&args[2..]),
+        Some("delta") => delta::delta(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {

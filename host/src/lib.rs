@@ -7,7 +7,7 @@
 //! # Layout
 //! - [`spec`]: the pipeline file, typed and validated.
 //! - [`checkpoint`]: the write-ahead logs and the lock of a query.
-//! - [`source`]: where input comes from (a folder of files).
+//! - [`source`]: where input comes from (a folder of files, a Delta table).
 //! - [`decode`]: bytes to Arrow, with Spark's malformed-record policies.
 //! - [`plugin`]: the WebAssembly host (sandbox, batches across the boundary).
 //! - [`operator`]: per-batch operators between source and sink.

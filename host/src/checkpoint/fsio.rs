@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::CheckpointError;
 
 /// Writes `bytes` to `path` atomically, replacing any existing file. Creates the parent directory.
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let dir = parent_of(path);
     if !dir.is_dir() {
         std::fs::create_dir_all(&dir)

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use self::fsio::write_atomically;
 pub use self::log::BatchLog;
 
 /// Version of the `metadata` file and of the log-entry format this build reads and writes.
@@ -265,7 +266,7 @@ fn write_metadata(path: &Path, metadata: &Metadata) -> Result<(), CheckpointErro
         source,
     })?;
     bytes.push(b'\n');
-    fsio::write_atomically(path, &bytes)
+    write_atomically(path, &bytes)
 }
 
 fn parse_metadata(path: &Path, bytes: &[u8]) -> Result<Metadata, CheckpointError> {

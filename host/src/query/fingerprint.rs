@@ -82,6 +82,11 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
                     KafkaValueFormat::Json(_) => "json",
                 },
             }),
+            SourceKind::Delta(d) => json!({
+                "name": s.name,
+                "kind": "delta",
+                "path": d.path.display().to_string(),
+            }),
         })
         .collect();
     let rate_limits: Vec<Value> = pipeline
@@ -95,6 +100,10 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
             SourceKind::Kafka(k) => json!({
                 "source": s.name,
                 "max_offsets_per_trigger": k.max_offsets_per_trigger.map(|n| n.get()),
+            }),
+            SourceKind::Delta(d) => json!({
+                "source": s.name,
+                "max_files_per_trigger": d.max_files_per_trigger.map(|n| n.get()),
             }),
         })
         .collect();
@@ -152,6 +161,7 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
             SinkSpec::Memory => "memory",
             SinkSpec::Plugin(_) => "plugin",
             SinkSpec::Kafka(_) => "kafka",
+            SinkSpec::Delta(_) => "delta",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
     })

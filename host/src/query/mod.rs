@@ -439,6 +439,13 @@ impl Query {
                 )?;
                 Box::new(PluginSink::new(plugin))
             }
+            SinkSpec::Delta(d) => Box::new(delta_sink(
+                d,
+                &pipeline.query,
+                checkpoint.dir(),
+                checkpoint.query_id(),
+                options.failpoint,
+            )?),
             SinkSpec::Kafka(k) => Box::new(
                 sink::kafka::KafkaSink::new(
                     k.clone(),
@@ -540,6 +547,8 @@ impl Query {
                 }
             }
         }
+        // Every batch run so far is committed: the sink may now publish what it held back.
+        self.sink.close()?;
         Ok(self.summary.clone())
     }
 
@@ -1017,6 +1026,9 @@ fn is_retryable(e: &QueryError) -> bool {
         QueryError::Sink(s) => s.is_retryable(),
         QueryError::Source(SourceError::Read { .. }) => true,
         QueryError::Source(SourceError::Kafka(k)) => k.is_retryable(),
+        QueryError::Source(SourceError::Delta(d)) => {
+            matches!(**d, crate::source::DeltaSourceError::Io { .. })
+        }
         _ => false,
     }
 }
@@ -1153,4 +1165,49 @@ fn plan_stateful(
 
 fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The Delta sink of the pipeline, checked against the query's output mode.
+fn delta_sink(
+    spec: &spec::DeltaSinkSpec,
+    query: &spec::QuerySpec,
+    checkpoint_dir: &std::path::Path,
+    query_id: &str,
+    failpoint: Option<Failpoint>,
+) -> Result<sink::delta::DeltaSink, QueryError> {
+    use sink::delta::{CommitPolicy, DeltaSink, DeltaSinkOptions, WriteMode};
+    let invalid = |message: String| QueryError::Invalid {
+        query: query.name.clone(),
+        message,
+    };
+    let mode = match query.output_mode {
+        OutputMode::Append => WriteMode::Append,
+        OutputMode::Complete => WriteMode::Complete,
+        OutputMode::Update => {
+            return Err(invalid(
+                "a delta sink takes output_mode \"append\" or \"complete\", not \"update\" (as in Spark; upserts need MERGE)".into(),
+            ));
+        }
+    };
+    let commit = match spec.commit_every {
+        spec::CommitEvery::Batches(n) => CommitPolicy::Batches(n.get()),
+        spec::CommitEvery::Interval(d) => CommitPolicy::Interval(d),
+    };
+    if mode == WriteMode::Complete && commit != CommitPolicy::Batches(1) {
+        return Err(invalid(
+            "sink.commit_every: complete mode rewrites the whole table every batch, so it commits every batch; remove commit_every".into(),
+        ));
+    }
+    let sink = DeltaSink::new(DeltaSinkOptions {
+        path: spec.path.clone(),
+        query_id: query_id.to_owned(),
+        mode,
+        partition_by: spec.partition_by.clone(),
+        target_file_size: spec.target_file_size,
+        commit,
+        pending_dir: checkpoint_dir.join("sinks").join("delta").join("pending"),
+        failpoint,
+    })
+    .map_err(SinkError::from)?;
+    Ok(sink)
 }

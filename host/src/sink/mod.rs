@@ -9,8 +9,10 @@
 //! - `memory`: batches kept in memory, for programs embedding the host.
 //! - `plugin`: a Wasm foreachBatch sink.
 //! - [`kafka`]: a Kafka topic, one transaction per batch.
+//! - `delta`: a Delta Lake table, one commit with a txn action per batch.
 
 pub mod console;
+pub mod delta;
 pub mod files;
 pub mod kafka;
 
@@ -34,11 +36,20 @@ pub enum SinkError {
     Plugin(#[from] PluginError),
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaSinkError),
+    /// Boxed: deltalake's errors are large, and every query result carries this type.
+    #[error(transparent)]
+    Delta(Box<delta::DeltaSinkError>),
     #[error("sink {sink}: cannot combine the batch's parts: {source}")]
     Arrow {
         sink: String,
         source: arrow_schema::ArrowError,
     },
+}
+
+impl From<delta::DeltaSinkError> for SinkError {
+    fn from(e: delta::DeltaSinkError) -> Self {
+        Self::Delta(Box::new(e))
+    }
 }
 
 impl SinkError {
@@ -47,6 +58,7 @@ impl SinkError {
         match self {
             Self::Plugin(e) => e.is_retryable(),
             Self::Kafka(e) => e.is_retryable(),
+            Self::Delta(e) => e.is_retryable(),
             Self::Files(_) | Self::Console(_) => true,
             Self::Arrow { .. } => false,
         }
@@ -73,6 +85,36 @@ pub trait Sink: Send {
     /// Resources a plugin sink used, for progress.
     fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
         None
+    }
+
+    /// The query is stopping after its last committed batch: make durable anything held back
+    /// (the Delta sink's `commit_every`).
+    ///
+    /// # Errors
+    /// When that fails; what was held back stays for the next run.
+    fn close(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+impl Sink for delta::DeltaSink {
+    fn description(&self) -> String {
+        delta::DeltaSink::description(self).to_owned()
+    }
+
+    fn write_batch(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, SinkError> {
+        self.write(info, schema, batches)?;
+        Ok(batches.iter().map(|b| b.num_rows() as u64).sum())
+    }
+
+    fn close(&mut self) -> Result<(), SinkError> {
+        self.flush()?;
+        Ok(())
     }
 }
 

@@ -70,6 +70,8 @@ pub enum SourceError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Kafka(#[from] Box<super::kafka::KafkaSourceError>),
+    #[error(transparent)]
+    Delta(#[from] Box<super::delta::DeltaSourceError>),
 }
 
 /// A folder of files read as a stream.

@@ -9,7 +9,9 @@
 //! # Layout
 //! - `files`: a folder of JSON-lines or CSV files, new files each batch.
 //! - [`kafka`]: Kafka topics, a range of offsets per partition each batch.
+//! - [`delta`]: a Delta Lake table, the files its new versions append.
 
+pub mod delta;
 pub mod files;
 pub mod kafka;
 
@@ -18,6 +20,7 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 
+pub use delta::{DeltaFile, DeltaInput, DeltaSource, DeltaSourceError};
 pub use files::{FileEntry, FilesSource, SourceError};
 
 use crate::checkpoint::Checkpoint;
@@ -148,6 +151,18 @@ pub fn open(
                 last_planned,
             )?))
         }
+        SourceKind::Delta(d) => Ok(Box::new(DeltaInput::new(
+            DeltaSource::open(
+                spec.name.clone(),
+                index,
+                d.path.clone(),
+                d.max_files_per_trigger,
+                d.starting_version,
+                checkpoint,
+                last_planned,
+            )
+            .map_err(Box::new)?,
+        ))),
         SourceKind::Kafka(k) => Ok(Box::new(kafka::KafkaInput::open(
             spec.name.clone(),
             index,

@@ -172,6 +172,8 @@ pub enum SourceKind {
     Files(FilesSourceSpec),
     /// `kind = "kafka"`: records of Kafka topics, by offset range.
     Kafka(KafkaSourceSpec),
+    /// `kind = "delta"`: the rows that new versions of a Delta table append.
+    Delta(DeltaSourceSpec),
 }
 
 /// A `kind = "kafka"` source (Spark's Kafka source options, snake_cased).
@@ -222,6 +224,18 @@ pub enum KafkaValueFormat {
     Raw,
     /// `format = "json"`: the value decoded as `from_json(value, schema)`.
     Json(arrow_schema::SchemaRef),
+}
+
+/// A Delta table read as a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaSourceSpec {
+    /// `path` (resolved): the table's folder.
+    pub path: PathBuf,
+    /// At most this many data files per batch (Spark's `maxFilesPerTrigger`).
+    pub max_files_per_trigger: Option<NonZeroUsize>,
+    /// The first table version read; `None`: the table as it is at the first batch (its whole
+    /// content), then every later version.
+    pub starting_version: Option<u64>,
 }
 
 /// A `kind = "files"` source.
@@ -323,6 +337,8 @@ pub enum SinkSpec {
     Plugin(PluginSinkSpec),
     /// `kind = "kafka"`: rows produced to a topic.
     Kafka(KafkaSinkSpec),
+    /// `kind = "delta"`: a Delta Lake table, one commit per batch (or per `commit_every`).
+    Delta(DeltaSinkSpec),
 }
 
 /// A `kind = "kafka"` sink.
@@ -348,6 +364,30 @@ pub enum KafkaDelivery {
     /// `"at-least-once"`: plain produce (brokers without transactions); a replay may duplicate.
     AtLeastOnce,
 }
+
+/// A Delta Lake table written by the query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaSinkSpec {
+    /// `path` (resolved): the table's folder.
+    pub path: PathBuf,
+    /// `partition_by`: partition columns of a table the sink creates.
+    pub partition_by: Vec<String>,
+    /// `target_file_size`: data files are cut when they reach about this many bytes of Parquet.
+    pub target_file_size: u64,
+    /// `commit_every`: how often the sink commits (default every batch).
+    pub commit_every: CommitEvery,
+}
+
+/// When the Delta sink commits: after every N batches, or at the first batch at least this
+/// long after its last commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitEvery {
+    Batches(std::num::NonZeroU64),
+    Interval(Duration),
+}
+
+/// Default `target_file_size` of the Delta sink (Delta's own default for optimised files).
+pub const DEFAULT_DELTA_TARGET_FILE_SIZE: u64 = 128 << 20;
 
 /// The file format of a files sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -92,6 +92,7 @@ pub(super) struct RawSource {
     pub starting_offsets: Option<String>,
     pub max_offsets_per_trigger: Option<i64>,
     pub fail_on_data_loss: Option<bool>,
+    pub starting_version: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,6 +139,11 @@ pub(super) struct RawSink {
     pub key: Option<String>,
     pub value: Option<String>,
     pub delivery: Option<String>,
+    pub partition_by: Option<Vec<String>>,
+    /// A string such as "128 MiB" or an integer number of bytes.
+    pub target_file_size: Option<Value>,
+    /// An integer (batches) or a duration string ("30s").
+    pub commit_every: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

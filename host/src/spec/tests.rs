@@ -212,13 +212,13 @@ column = "ts"
 delay = "10 minutes"
 
 [sink]
-kind = "delta"
+kind = "hive"
 path = "t"
 "#;
     let found = problems(dir.path(), text, &[]);
     let missing = dir.path().join("plugins/missing.wasm");
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss)"),
+        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, starting_version)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
         ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
@@ -230,7 +230,7 @@ path = "t"
         ("transform[1].limits.memory", "\"64 MB x\" is not a size: unknown unit \"MB x\"; use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\""),
         ("transform[1].limits.timeout", "\"forever\" is not a duration: expected a number at \"forever\"; write e.g. \"30s\" or \"1h 30m\""),
         ("transform[1].limits.fuel", "must be a positive integer, not 0"),
-        ("sink.kind", "\"delta\" is not a sink kind: use \"files\", \"console\", \"plugin\", \"memory\" or \"kafka\""),
+        ("sink.kind", "\"hive\" is not a sink kind: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\" or \"delta\""),
     ]
     .into_iter()
     .map(|(p, m)| (p.to_string(), m.to_string()))
@@ -246,7 +246,7 @@ path = "t"
         "{shown}"
     );
     assert!(
-        shown.contains("\n  - sink.kind: \"delta\" is not a sink kind"),
+        shown.contains("\n  - sink.kind: \"hive\" is not a sink kind"),
         "{shown}"
     );
     assert_eq!(shown.lines().count(), 14);
@@ -328,7 +328,7 @@ fn missing_tables_and_keys_are_named() {
     );
     assert_eq!(
         found[3].1,
-        "required key is missing: use \"files\" or \"kafka\""
+        "required key is missing: use \"files\", \"kafka\" or \"delta\""
     );
     assert_eq!(
         found[5].1,
@@ -336,7 +336,7 @@ fn missing_tables_and_keys_are_named() {
     );
     assert_eq!(
         found[7].1,
-        "required key is missing: use \"files\", \"console\", \"plugin\", \"memory\" or \"kafka\""
+        "required key is missing: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\" or \"delta\""
     );
 
     let found = problems(dir.path(), "", &[]);
@@ -378,7 +378,7 @@ fn duplicate_source_names_and_unknown_kinds_are_refused() {
         found,
         vec![
             ("source.orders.name".into(), "duplicate source name \"orders\" (also source number 1): source names must be unique".into()),
-            ("source.orders.kind".into(), "\"rate\" is not a source kind: use \"files\" or \"kafka\"".into()),
+            ("source.orders.kind".into(), "\"rate\" is not a source kind: use \"files\", \"kafka\" or \"delta\"".into()),
         ] as Vec<(String, String)>
     );
 }
@@ -899,7 +899,7 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
         found,
         vec![(
             "sink.expected_rows".to_string(),
-            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, bootstrap_servers, topic, key, value, delivery)".to_string()
+            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every)".to_string()
         )]
     );
 }
@@ -1062,6 +1062,88 @@ fn spark_refused_stateful_combinations_are_reported_with_their_keys() {
 }
 
 #[test]
+fn delta_sink_keys_are_typed_and_checked() {
+    let dir = workspace();
+    let with_sink = |sink: &str| MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+    let p = parse_in(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"delta\"\npath = \"t\"\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        p.sink,
+        SinkSpec::Delta(DeltaSinkSpec {
+            path: dir.path().join("t"),
+            partition_by: Vec::new(),
+            target_file_size: DEFAULT_DELTA_TARGET_FILE_SIZE,
+            commit_every: CommitEvery::Batches(std::num::NonZeroU64::new(1).unwrap()),
+        })
+    );
+    let p = parse_in(
+        dir.path(),
+        &with_sink(
+            "[sink]\nkind = \"delta\"\npath = \"t\"\npartition_by = [\"status\"]\ntarget_file_size = \"8 MiB\"\ncommit_every = \"30s\"\n",
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        p.sink,
+        SinkSpec::Delta(DeltaSinkSpec {
+            path: dir.path().join("t"),
+            partition_by: vec!["status".into()],
+            target_file_size: 8 << 20,
+            commit_every: CommitEvery::Interval(Duration::from_secs(30)),
+        })
+    );
+    let p = parse_in(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"delta\"\npath = \"t\"\ncommit_every = 5\n"),
+        &[],
+    )
+    .unwrap();
+    let SinkSpec::Delta(d) = &p.sink else {
+        panic!("{:?}", p.sink)
+    };
+    assert_eq!(
+        d.commit_every,
+        CommitEvery::Batches(std::num::NonZeroU64::new(5).unwrap())
+    );
+
+    let found = problems(
+        dir.path(),
+        &with_sink(
+            "[sink]\nkind = \"delta\"\nformat = \"json\"\npartition_by = [\"a\", \"a\"]\ntarget_file_size = \"big\"\ncommit_every = 0\n",
+        ),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("sink.format".into(), "not a key of a delta sink (its keys: kind, path, partition_by, target_file_size, commit_every)".into()),
+            ("sink.path".into(), "required key is missing".into()),
+            ("sink.partition_by[1]".into(), "column \"a\" is listed twice".into()),
+            ("sink.target_file_size".into(), "\"big\" is not a size: use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\"".into()),
+            ("sink.commit_every".into(), "must be a positive integer, not 0".into()),
+        ] as Vec<(String, String)>
+    );
+    // Files keys on a delta sink... and delta keys on a files sink.
+    let found = problems(
+        dir.path(),
+        &with_sink("[sink]\nkind = \"files\"\npath = \"o\"\ncommit_every = 2\n"),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![(
+            "sink.commit_every".to_string(),
+            "not a key of a files sink (its keys: kind, path, format)".to_string()
+        )]
+    );
+}
+
+#[test]
 fn warnings_name_the_state_that_can_only_grow() {
     let dir = workspace();
     let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
@@ -1094,4 +1176,45 @@ fn warnings_name_the_state_that_can_only_grow() {
     assert_eq!(stateful_problems(&by_order), Vec::new());
     by_order.query.output_mode = OutputMode::Complete;
     assert_eq!(stateful_problems(&by_order)[0].path, "query.output_mode");
+}
+
+#[test]
+fn delta_source_takes_a_path_and_a_starting_version() {
+    let dir = workspace();
+    let text = MINIMAL.replace(
+        "kind = \"files\"\npath = \"in\"\nformat = \"json\"\nschema = \"id BIGINT\"\n",
+        "kind = \"delta\"\npath = \"bronze\"\nmax_files_per_trigger = 2\nstarting_version = 3\n",
+    );
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    assert_eq!(
+        p.sources[0].kind,
+        SourceKind::Delta(DeltaSourceSpec {
+            path: dir.path().join("bronze"),
+            max_files_per_trigger: NonZeroUsize::new(2),
+            starting_version: Some(3),
+        })
+    );
+    let text = MINIMAL.replace(
+        "kind = \"files\"\npath = \"in\"\n",
+        "kind = \"delta\"\nstarting_version = -1\n",
+    );
+    let found = problems(dir.path(), &text, &[]);
+    let expected: Vec<(String, String)> = vec![
+        ("source.orders.format".into(), "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, starting_version; the schema is the table's)".into()),
+        ("source.orders.schema".into(), "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, starting_version; the schema is the table's)".into()),
+        ("source.orders.path".into(), "required key is missing".into()),
+        ("source.orders.starting_version".into(), "must be a table version (0 or more), not -1".into()),
+    ];
+    assert_eq!(found, expected);
+    let text = MINIMAL.replace(
+        "kind = \"files\"\n",
+        "kind = \"files\"\nstarting_version = 1\n",
+    );
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![(
+            "source.orders.starting_version".to_string(),
+            "only a delta source takes starting_version".to_string()
+        )]
+    );
 }

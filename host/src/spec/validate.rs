@@ -25,8 +25,9 @@ use super::{
     WindowSpec,
 };
 use super::{
-    Capabilities, DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode,
-    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
+    Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
+    DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode, Pipeline,
+    PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
     TransformSpec, Trigger,
 };
 
@@ -495,26 +496,30 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
         return;
     };
     // The columns a source brings: its schema (None: Kafka's raw record
-    // columns) and whether the permissive policy adds `_corrupt_record`.
+    // columns) and whether the permissive policy adds `_corrupt_record`;
+    // nothing for a Delta table, whose schema is known only when it is read
+    // (the query checks it then).
     let columns = |s: &SourceSpec| match &s.kind {
-        SourceKind::Files(f) => (
+        SourceKind::Files(f) => Some((
             Some(Arc::clone(&f.schema)),
             f.on_malformed == OnMalformed::Permissive,
-        ),
-        SourceKind::Kafka(k) => match &k.value_format {
+        )),
+        SourceKind::Kafka(k) => Some(match &k.value_format {
             super::KafkaValueFormat::Raw => (None, false),
             super::KafkaValueFormat::Json(schema) => (
                 Some(Arc::clone(schema)),
                 k.on_malformed == OnMalformed::Permissive,
             ),
-        },
+        }),
+        SourceKind::Delta(_) => None,
     };
-    let (first_schema, first_corrupt) = columns(first);
+    let first_columns = columns(first);
     let mut dead_letters: HashMap<&Path, &str> = HashMap::new();
     for s in specs {
         let dead_letter = match &s.kind {
             SourceKind::Files(f) => f.dead_letter_path.as_deref(),
             SourceKind::Kafka(k) => k.dead_letter_path.as_deref(),
+            SourceKind::Delta(_) => None,
         };
         if let Some(dir) = dead_letter
             && let Some(other) = dead_letters.insert(dir, &s.name)
@@ -530,8 +535,12 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
         if s.name == first.name {
             continue;
         }
-        let (schema, corrupt) = columns(s);
-        if schema != first_schema {
+        let (Some((first_schema, first_corrupt)), Some((schema, corrupt))) =
+            (&first_columns, columns(s))
+        else {
+            continue;
+        };
+        if schema != *first_schema {
             c.push(
                 &format!("source.{}.schema", s.name),
                 format!(
@@ -539,7 +548,7 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
                     first.name
                 ),
             );
-        } else if corrupt != first_corrupt {
+        } else if corrupt != *first_corrupt {
             c.push(
                 &format!("source.{}.on_malformed", s.name),
                 format!(
@@ -564,21 +573,31 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
         None => {
             c.push(
                 &key("kind"),
-                "required key is missing: use \"files\" or \"kafka\"",
+                "required key is missing: use \"files\", \"kafka\" or \"delta\"",
             );
             false
         }
         Some("files") => true,
+        Some("delta") => {
+            let s = RawSource { name: None, ..s };
+            return delta_source(&label, name, s, base, c);
+        }
         Some(other) => {
             // The other keys belong to a kind that does not exist: checking them as files keys
             // would only add noise.
             c.push(
                 &key("kind"),
-                format!("{other:?} is not a source kind: use \"files\" or \"kafka\""),
+                format!("{other:?} is not a source kind: use \"files\", \"kafka\" or \"delta\""),
             );
             return None;
         }
     };
+    if s.starting_version.is_some() {
+        c.push(
+            &key("starting_version"),
+            "only a delta source takes starting_version",
+        );
+    }
 
     let path = c.path(&key("path"), s.path, base);
     let format_name = s.format.as_deref();
@@ -716,6 +735,66 @@ fn malformed_policy(
         (None, _) => None,
     };
     (on_malformed, dead_letter_path)
+}
+
+/// `[[source]]` of kind "delta": a table path and where to start; the schema is the table's.
+fn delta_source(
+    label: &str,
+    name: Option<String>,
+    s: RawSource,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<SourceSpec> {
+    let key = |k: &str| format!("{label}.{k}");
+    let stray = [
+        ("format", s.format.is_some()),
+        ("schema", s.schema.is_some()),
+        ("on_malformed", s.on_malformed.is_some()),
+        ("dead_letter_path", s.dead_letter_path.is_some()),
+        ("csv", s.csv.is_some()),
+    ];
+    let mut ok = true;
+    for (k, _) in stray.iter().filter(|(_, here)| *here) {
+        ok = false;
+        c.push(
+            &key(k),
+            "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, \
+             starting_version; the schema is the table's)",
+        );
+    }
+    let path = c.path(&key("path"), s.path, base);
+    let max_files_per_trigger = match s.max_files_per_trigger {
+        None => Some(None),
+        Some(n) => c
+            .positive(&key("max_files_per_trigger"), n)
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(NonZeroUsize::new)
+            .map(Some),
+    };
+    let starting_version = match s.starting_version {
+        None => Some(None),
+        Some(v) => match u64::try_from(v) {
+            Ok(v) => Some(Some(v)),
+            Err(_) => {
+                c.push(
+                    &key("starting_version"),
+                    format!("must be a table version (0 or more), not {v}"),
+                );
+                None
+            }
+        },
+    };
+    if !ok {
+        return None;
+    }
+    Some(SourceSpec {
+        name: name?,
+        kind: SourceKind::Delta(DeltaSourceSpec {
+            path: path?,
+            max_files_per_trigger: max_files_per_trigger?,
+            starting_version: starting_version?,
+        }),
+    })
 }
 
 fn delimiter(c: &mut Collector, path: &str, text: &str) -> Option<u8> {
@@ -938,7 +1017,7 @@ fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<Plugi
 }
 
 fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
-    const KINDS: [&str; 5] = ["files", "console", "plugin", "memory", "kafka"];
+    const KINDS: [&str; 6] = ["files", "console", "plugin", "memory", "kafka", "delta"];
     let Some(s) = raw else {
         c.push("sink", "required table [sink] is missing");
         return None;
@@ -956,6 +1035,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         "memory" => &[],
         "plugin" => &["name", "plugin", "config", "limits", "capabilities"],
         "kafka" => &["bootstrap_servers", "topic", "key", "value", "delivery"],
+        "delta" => &["path", "partition_by", "target_file_size", "commit_every"],
         other => {
             c.push(
                 "sink.kind",
@@ -978,6 +1058,9 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ("key", s.key.is_some()),
         ("value", s.value.is_some()),
         ("delivery", s.delivery.is_some()),
+        ("partition_by", s.partition_by.is_some()),
+        ("target_file_size", s.target_file_size.is_some()),
+        ("commit_every", s.commit_every.is_some()),
     ];
     let mut stray = false;
     for (key, _) in present
@@ -1038,6 +1121,14 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             },
             c,
         ),
+        "delta" => delta_sink(
+            c,
+            s.path,
+            s.partition_by,
+            s.target_file_size,
+            s.commit_every,
+            base,
+        ),
         _ => {
             let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
             let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
@@ -1054,6 +1145,99 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         }
     };
     if stray { None } else { spec }
+}
+
+fn delta_sink(
+    c: &mut Collector,
+    path: Option<String>,
+    partition_by: Option<Vec<String>>,
+    target_file_size: Option<Value>,
+    commit_every: Option<Value>,
+    base: &Path,
+) -> Option<SinkSpec> {
+    let path = c.path("sink.path", path, base);
+    let partition_by = partition_by.unwrap_or_default();
+    let mut columns_ok = true;
+    for (i, column) in partition_by.iter().enumerate() {
+        if column.trim().is_empty() {
+            columns_ok = false;
+            c.push(&format!("sink.partition_by[{i}]"), "must not be empty");
+        } else if partition_by[..i].contains(column) {
+            columns_ok = false;
+            c.push(
+                &format!("sink.partition_by[{i}]"),
+                format!("column {column:?} is listed twice"),
+            );
+        }
+    }
+    let target_file_size = match target_file_size {
+        None => Some(DEFAULT_DELTA_TARGET_FILE_SIZE),
+        Some(Value::Integer(n)) => c.positive("sink.target_file_size", n),
+        Some(Value::String(text)) => match parse_byte_size(&text) {
+            Ok(0) => {
+                c.push("sink.target_file_size", "must be more than zero");
+                None
+            }
+            Ok(n) => Some(n),
+            Err(err) => {
+                c.push("sink.target_file_size", err);
+                None
+            }
+        },
+        Some(other) => {
+            c.push(
+                "sink.target_file_size",
+                format!(
+                    "expected a size such as \"128 MiB\" or a number of bytes, found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    };
+    let commit_every = match commit_every {
+        None => std::num::NonZeroU64::new(1).map(CommitEvery::Batches),
+        Some(Value::Integer(n)) => c
+            .positive("sink.commit_every", n)
+            .and_then(std::num::NonZeroU64::new)
+            .map(CommitEvery::Batches),
+        Some(Value::String(text)) => match parse_duration(&text) {
+            Ok(d) if d.is_zero() => {
+                c.push(
+                    "sink.commit_every",
+                    "must be longer than zero (or 1 for a commit per batch)",
+                );
+                None
+            }
+            Ok(d) => Some(CommitEvery::Interval(d)),
+            Err(err) => {
+                c.push(
+                    "sink.commit_every",
+                    format!("{err}; or an integer number of batches"),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            c.push(
+                "sink.commit_every",
+                format!(
+                    "expected a number of batches or a duration such as \"30s\", found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    };
+    if !columns_ok {
+        return None;
+    }
+    Some(SinkSpec::Delta(DeltaSinkSpec {
+        path: path?,
+        partition_by,
+        target_file_size: target_file_size?,
+        commit_every: commit_every?,
+    }))
 }
 
 fn capabilities(
