@@ -53,7 +53,7 @@ fn delta_python() -> Result<PathBuf> {
 
 /// What the Python `deltalake` package sees in the table.
 const PY_READER: &str = r#"
-import json, sys
+import json, os, sys
 from deltalake import DeltaTable
 t = DeltaTable(sys.argv[1])
 data = t.to_pyarrow_table()
@@ -70,6 +70,11 @@ out = {
 for c in sys.argv[3:]:
     out[c] = data.column(c).to_pylist()
 print(json.dumps(out, default=str))
+sys.stdout.flush()
+# Leave without interpreter finalisation: deltalake's runtime threads can
+# abort the process there ("terminate called without an active exception"),
+# after the answer is complete.
+os._exit(0)
 "#;
 
 fn py_read(table: &Path, app_id: &str, columns: &[&str]) -> Result<Value> {
