@@ -70,7 +70,14 @@ pub fn stateful(args: &[String]) -> Result<()> {
         _ => None,
     };
     for run in 1..=runs {
-        let w = weir_run(&exe, &work, &cache, &input, &query, &store)?;
+        let w = weir_run(
+            &exe,
+            &work.join(format!("r{run}")),
+            &cache,
+            &input,
+            &query,
+            &store,
+        )?;
         eprintln!(
             "weir  run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows, state max {} rows / {} KB on disk",
             w.wall_s,
@@ -109,7 +116,12 @@ pub fn stateful(args: &[String]) -> Result<()> {
             v[0].rows as f64 / cpu,
             v[0].state_bytes as f64 / 1e6,
             v[0].state_rows_max,
-            v[0].output_rows
+            // Spark's file sink reports no numOutputRows.
+            if v[0].output_rows > 0 {
+                v[0].output_rows.to_string()
+            } else {
+                "–".to_owned()
+            }
         );
         (cpu, rss)
     };
@@ -132,7 +144,9 @@ pub fn stateful(args: &[String]) -> Result<()> {
     if let Some(startup) = spark_startup {
         let (spark_cpu, spark_rss) = line("Spark local[2]", &spark);
         let net = (spark_cpu - startup).max(f64::MIN_POSITIVE);
-        let same_rows = spark.iter().all(|s| s.output_rows == weir[0].output_rows);
+        let same_state = spark
+            .iter()
+            .all(|s| s.state_rows_max == weir[0].state_rows_max);
         let (whole_ratio, net_ratio) = (spark_cpu / weir_cpu, net / weir_cpu);
         let rss_ratio = spark_rss / weir_rss;
         println!();
@@ -140,11 +154,11 @@ pub fn stateful(args: &[String]) -> Result<()> {
             "Weir / Spark rows per CPU-second: {whole_ratio:.1}× (Spark's whole process), {net_ratio:.1}× (Spark net of its {startup:.1} CPU-s start-up); peak RSS {rss_ratio:.1}× less"
         );
         println!(
-            "same number of output rows as Spark: {same_rows} (Weir {}, Spark {})",
-            weir[0].output_rows,
+            "the same largest state as Spark: {same_state} (Weir {} rows, Spark {})",
+            weir[0].state_rows_max,
             spark
                 .iter()
-                .map(|s| s.output_rows.to_string())
+                .map(|s| s.state_rows_max.to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -237,9 +251,12 @@ fn weir_run(
     query: &str,
     store: &str,
 ) -> Result<Run> {
+    // A fresh folder per run, nothing deleted while the benchmark runs: on
+    // ext4, creating files right after deleting many makes inode allocation
+    // search the recently freed ones, a cost of the machine, not the engine.
     let dir = work.join(format!("weir-{query}"));
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        bail!("{} exists: give --work an empty folder", dir.display());
     }
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("pipeline.toml");
@@ -392,7 +409,7 @@ fn spark_run(
     std::fs::create_dir_all(&results)?;
     let tag = format!("{query}.r{run}");
     let measure = results.join(format!("{tag}.measure.json"));
-    let spark_work = work.join(format!("spark-{query}"));
+    let spark_work = work.join(format!("spark-{query}-{run}"));
     let status = Command::new(python)
         .arg(bench.join("measure.py"))
         .arg(&measure)
@@ -433,9 +450,6 @@ fn spark_run(
         &spark_work.join("checkpoint").join("state"),
         &mut HashSet::new(),
     )?;
-    if spark_work.exists() {
-        std::fs::remove_dir_all(&spark_work)?;
-    }
     Ok(Run {
         wall_s: m["wall_s"].as_f64().unwrap_or(0.0),
         cpu_s: m["sampled_cpu_s_total"].as_f64().unwrap_or(0.0),
