@@ -121,6 +121,28 @@ pub fn weir(exe: &str, cache_dir: &Path, args: &[&str]) -> Result<Output> {
     Ok(out)
 }
 
+/// Runs `weir run` with `--failpoint <failpoint>` and insists that the
+/// failpoint killed it (SIGKILL), as the crash-recovery tests need.
+pub fn run_killed_at(
+    exe: &str,
+    cache_dir: &Path,
+    pipeline: &Path,
+    failpoint: &str,
+) -> Result<Output> {
+    use std::os::unix::process::ExitStatusExt;
+    let path = pipeline.to_str().context("utf-8 path")?;
+    let out = weir(exe, cache_dir, &["run", path, "--failpoint", failpoint])?;
+    if out.status.signal() != Some(9) {
+        bail!(
+            "weir run {} with failpoint {failpoint} should have been killed, but ended with {}:\n{}",
+            pipeline.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
 /// Runs `weir run` and insists on success.
 pub fn run_ok(exe: &str, cache_dir: &Path, pipeline: &Path, extra: &[&str]) -> Result<Output> {
     let mut args = vec!["run", pipeline.to_str().context("utf-8 path")?];

@@ -5,7 +5,6 @@
 //! [`delta_python`]).
 
 use std::collections::BTreeSet;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,7 +12,7 @@ use anyhow::{Context, Result, bail, ensure};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use serde_json::Value;
-use weir_tests::{Workspace, log_ids, orders_pipeline, run_ok, weir};
+use weir_tests::{Workspace, log_ids, orders_pipeline, run_killed_at, run_ok, weir};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -255,22 +254,7 @@ fn a_crash_at_any_phase_then_a_restart_loses_and_duplicates_nothing() -> Result<
             &format!("{phase}.toml"),
             &orders_pipeline(phase, "drop", &delta_sink(phase, "")),
         )?;
-        let crashed = weir(
-            EXE,
-            &cache(),
-            &[
-                "run",
-                file.to_str().unwrap_or_default(),
-                "--failpoint",
-                &format!("{phase}@2"),
-            ],
-        )?;
-        assert_eq!(
-            crashed.status.signal(),
-            Some(9),
-            "{phase}: stderr:\n{}",
-            String::from_utf8_lossy(&crashed.stderr)
-        );
+        run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
         let checkpoint = ws.path().join("checkpoints").join(phase);
         assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
         let table = ws.path().join("tables").join(phase);
@@ -356,22 +340,7 @@ fn commit_every_groups_batches_and_stays_exactly_once_across_crashes() -> Result
             &format!("{tag}.toml"),
             &orders_pipeline(tag, "drop", &sink(tag)),
         )?;
-        let crashed = weir(
-            EXE,
-            &cache(),
-            &[
-                "run",
-                file.to_str().unwrap_or_default(),
-                "--failpoint",
-                failpoint,
-            ],
-        )?;
-        assert_eq!(
-            crashed.status.signal(),
-            Some(9),
-            "{tag}: {}",
-            String::from_utf8_lossy(&crashed.stderr)
-        );
+        run_killed_at(EXE, &cache(), &file, failpoint)?;
         run_ok(EXE, &cache(), &file, &[])?;
         let table = ws.path().join("tables").join(tag);
         let txns: Vec<i64> = commits(&table)?[1..]

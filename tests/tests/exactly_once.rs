@@ -6,7 +6,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use weir_tests::{Workspace, jsonl_plugin_sink, lines, log_ids, orders_pipeline, run_ok, weir};
+use weir_tests::{
+    Workspace, jsonl_plugin_sink, lines, log_ids, orders_pipeline, run_killed_at, run_ok, weir,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -43,22 +45,7 @@ fn a_crash_at_any_phase_of_a_batch_loses_and_duplicates_nothing() -> Result<()> 
             &orders_pipeline(tag, "permissive", &jsonl_plugin_sink(tag)),
         )?;
         let failpoint = format!("{phase}@2");
-        let crashed = weir(
-            EXE,
-            &cache(),
-            &[
-                "run",
-                file.to_str().unwrap_or_default(),
-                "--failpoint",
-                &failpoint,
-            ],
-        )?;
-        assert_eq!(
-            crashed.status.signal(),
-            Some(9),
-            "{phase}: the process should have been killed; stderr:\n{}",
-            String::from_utf8_lossy(&crashed.stderr)
-        );
+        run_killed_at(EXE, &cache(), &file, &failpoint)?;
         let checkpoint = ws.path().join("checkpoints").join(tag);
         assert_eq!(
             log_ids(&checkpoint.join("offsets"))?,

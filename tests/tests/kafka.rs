@@ -3,12 +3,13 @@
 //! binary in a child process. The output must hold exactly the rows the same pipeline
 //! produces from the same orders as files, after restarts and after SIGKILL at every phase.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use weir_tests::kafka::{Broker, order_lines};
-use weir_tests::{SCHEMA, Workspace, jsonl_plugin_sink, lines, log_ids, run_ok, weir};
+use weir_tests::{
+    SCHEMA, Workspace, jsonl_plugin_sink, lines, log_ids, run_killed_at, run_ok, weir,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 const PARTITIONS: i32 = 3;
@@ -245,22 +246,7 @@ fn a_crash_at_any_phase_of_a_kafka_batch_loses_and_duplicates_nothing() -> Resul
         let out_dir = ws.path().join("out").join(phase);
         std::fs::create_dir_all(&out_dir)?;
         let file = ws.pipeline(&format!("{phase}.toml"), &pipeline(phase))?;
-        let crashed = weir(
-            EXE,
-            &cache(),
-            &[
-                "run",
-                file.to_str().unwrap_or_default(),
-                "--failpoint",
-                &format!("{phase}@2"),
-            ],
-        )?;
-        assert_eq!(
-            crashed.status.signal(),
-            Some(9),
-            "{phase}: stderr:\n{}",
-            String::from_utf8_lossy(&crashed.stderr)
-        );
+        run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
         let checkpoint = ws.path().join("checkpoints").join(phase);
         assert_eq!(
             log_ids(&checkpoint.join("offsets"))?,

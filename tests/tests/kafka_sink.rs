@@ -7,12 +7,11 @@
 //! transaction aborted by a crash stay visible on it. The in-sink crash test asserts exactly
 //! that extra, visible copy, which a real broker hides from committed readers.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, Read, order_lines};
-use weir_tests::{SCHEMA, Workspace, log_ids, run_ok, weir};
+use weir_tests::{SCHEMA, Workspace, log_ids, run_killed_at, run_ok};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -167,22 +166,7 @@ fn a_recovered_batch_is_written_again_or_not_as_its_marker_says() -> Result<()> 
             &format!("{tag}.toml"),
             &pipeline(&tag, &broker.bootstrap(), "exactly-once"),
         )?;
-        let crashed = weir(
-            EXE,
-            &cache(),
-            &[
-                "run",
-                file.to_str().unwrap_or_default(),
-                "--failpoint",
-                &format!("{phase}@1"),
-            ],
-        )?;
-        assert_eq!(
-            crashed.status.signal(),
-            Some(9),
-            "{phase}: {}",
-            String::from_utf8_lossy(&crashed.stderr)
-        );
+        run_killed_at(EXE, &cache(), &file, &format!("{phase}@1"))?;
         let checkpoint = ws.path().join("checkpoints").join(&tag);
         let id = query_id(&checkpoint)?;
         let before = read_topic(&broker, &topic)?;
