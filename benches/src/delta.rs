@@ -3,9 +3,10 @@
 //! 1. Commit: `--commits` batches of `--rows` orders (10,000 by default) written by the Delta
 //!    sink, one commit each (Parquet file + log entry with its txn action); the median and the
 //!    90th percentile of the per-batch time.
-//! 2. Chain: a bronze table of `--chain-rows` orders, then the silver query (Delta source →
-//!    Delta sink, no transform) run in this process: rows per second of wall time and per CPU
-//!    second (getrusage of this process over the run).
+//! 2. Chain: a silver table of `--chain-rows` orders, then the gold query (Delta source →
+//!    Delta sink, no transform) run `--runs` times in this process, each into a fresh gold
+//!    table: rows per second of wall time and per CPU second (getrusage of this process over
+//!    the run), medians.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ pub fn delta(args: &[String]) -> Result<()> {
     let rows: usize = flag(args, "--rows").map_or(Ok(10_000), |r| r.parse())?;
     let commits: u64 = flag(args, "--commits").map_or(Ok(50), |r| r.parse())?;
     let chain_rows: usize = flag(args, "--chain-rows").map_or(Ok(1_000_000), |r| r.parse())?;
+    let runs: usize = flag(args, "--runs").map_or(Ok(3), |r| r.parse())?;
     let work = match flag(args, "--work") {
         Some(w) => PathBuf::from(w),
         None => std::env::temp_dir().join(format!("weir-bench-delta-{}", std::process::id())),
@@ -50,35 +52,51 @@ pub fn delta(args: &[String]) -> Result<()> {
         ms(times[times.len() - 1]),
     );
 
-    // Bronze: the chain's input, in batches of at most 100,000 rows.
+    // Silver: the chain's input, in batches of at most 100,000 rows.
     let chunk = orders(&work.join("gen-chain"), chain_rows.min(100_000))?;
-    let mut bronze = open_sink(&work, "bronze")?;
+    let mut silver = open_sink(&work, "silver")?;
     let mut written = 0;
     let mut n = 0;
     while written < chain_rows {
         let take = (chain_rows - written).min(chunk.num_rows());
-        bronze.write(&info(n), &chunk.schema(), &[chunk.slice(0, take)])?;
+        silver.write(&info(n), &chunk.schema(), &[chunk.slice(0, take)])?;
         written += take;
         n += 1;
     }
-    let pipeline = "[query]\nname = \"silver\"\ncheckpoint = \"checkpoints/silver\"\n\
-        trigger = \"available-now\"\n\n[[source]]\nname = \"bronze\"\nkind = \"delta\"\n\
-        path = \"tables/bronze\"\n\n[sink]\nkind = \"delta\"\npath = \"tables/silver\"\n";
-    let pipeline = weir_host::spec::parse(pipeline, &work, "silver.toml", &[])?;
-    let cpu_before = cpu_time();
-    let started = Instant::now();
-    let mut query = Query::start(pipeline, QueryOptions::default())?;
-    let summary = query.run()?;
-    let wall = started.elapsed();
-    let cpu = cpu_time().saturating_sub(cpu_before);
+    let mut walls = Vec::new();
+    let mut cpus = Vec::new();
+    for run in 0..runs.max(1) {
+        let pipeline = format!(
+            "[query]\nname = \"gold\"\ncheckpoint = \"checkpoints/gold-{run}\"\n\
+             trigger = \"available-now\"\n\n[[source]]\nname = \"silver\"\nkind = \"delta\"\n\
+             path = \"tables/silver\"\n\n[sink]\nkind = \"delta\"\npath = \"tables/gold-{run}\"\n"
+        );
+        let pipeline = weir_host::spec::parse(&pipeline, &work, "gold.toml", &[])?;
+        let cpu_before = cpu_time();
+        let started = Instant::now();
+        let mut query = Query::start(pipeline, QueryOptions::default())?;
+        let summary = query.run()?;
+        let wall = started.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu_before);
+        if summary.output_rows != chain_rows as u64 {
+            anyhow::bail!("gold got {} rows of {chain_rows}", summary.output_rows);
+        }
+        eprintln!(
+            "silver → gold run {run}: {} rows in {} batches, {:.2} s wall, {:.2} CPU-s",
+            summary.output_rows,
+            summary.batches,
+            wall.as_secs_f64(),
+            cpu.as_secs_f64(),
+        );
+        walls.push(wall.as_secs_f64());
+        cpus.push(cpu.as_secs_f64());
+    }
+    let wall = super::median(walls);
+    let cpu = super::median(cpus);
     println!(
-        "delta → delta: {} rows in {} batches, {:.2} s wall, {:.2} CPU-s: {:.0} rows/s, {:.0} rows per CPU-second",
-        summary.output_rows,
-        summary.batches,
-        wall.as_secs_f64(),
-        cpu.as_secs_f64(),
-        summary.output_rows as f64 / wall.as_secs_f64(),
-        summary.output_rows as f64 / cpu.as_secs_f64().max(1e-9),
+        "delta → delta (silver → gold), median of {runs}: {chain_rows} rows, {wall:.2} s wall, {cpu:.2} CPU-s: {:.0} rows/s, {:.0} rows per CPU-second",
+        chain_rows as f64 / wall,
+        chain_rows as f64 / cpu.max(1e-9),
     );
     std::fs::remove_dir_all(&work).with_context(|| format!("cleaning {}", work.display()))?;
     Ok(())

@@ -14,11 +14,11 @@
 //! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
 //! side by side (see `stateful.rs`).
 //!
-//! `weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json]`
-//! produces N orders to a mock Kafka cluster and runs Kafka → JSON decode → files (see
-//! `kafka.rs`).
-//! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR]` times Delta
-//! commits and a Delta → Delta query (see `delta.rs`).
+//! `weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R]
+//! [--format parquet|json|delta] [--broker mock|tansu]` produces N orders to a Kafka broker
+//! and runs Kafka → JSON decode → files or Delta (see `kafka.rs`).
+//! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR]` times
+//! Delta commits and a Delta → Delta query (see `delta.rs`).
 
 #![allow(
     clippy::print_stdout,
@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Some("delta") => delta::delta(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N] [--partitions P] [--runs R] [--format parquet|json] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {

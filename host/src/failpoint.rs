@@ -23,7 +23,9 @@ pub enum Phase {
 }
 
 impl Phase {
-    const ALL: [(&'static str, Phase); 4] = [
+    /// Every phase with its `--failpoint` name, in the order a batch reaches them (the
+    /// crash-recovery tests kill a batch at each).
+    pub const ALL: [(&'static str, Phase); 4] = [
         ("after-offsets", Phase::AfterOffsets),
         ("in-transform", Phase::InTransform),
         ("in-sink", Phase::InSink),

@@ -1,6 +1,7 @@
 //! A Kafka-protocol broker for the tests: librdkafka's mock cluster, started inside the test
-//! process on 127.0.0.1 with a random port. The `weir` child process reaches it over TCP like
-//! any broker. The mock keeps at most 5 MiB per partition, so records are produced with lz4.
+//! process on 127.0.0.1 with a random port, or tansu ([`crate::tansu`]) as its own process.
+//! The `weir` child process reaches either over TCP like any broker. The mock keeps at most
+//! 5 MiB per partition, so records are produced with lz4.
 
 use std::time::Duration;
 
@@ -12,9 +13,14 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
-/// A running mock cluster of one broker.
+/// A running broker: the mock cluster of one broker, or tansu.
 pub struct Broker {
-    cluster: MockCluster<'static, DefaultProducerContext>,
+    backend: Backend,
+}
+
+enum Backend {
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    Tansu(crate::tansu::Tansu),
 }
 
 impl std::fmt::Debug for Broker {
@@ -24,6 +30,11 @@ impl std::fmt::Debug for Broker {
             .finish()
     }
 }
+
+/// Key of the records [`Broker::seal`] adds.
+pub const SEAL_KEY: &str = "weir-tests.seal";
+/// Value of the records [`Broker::seal`] adds: not JSON.
+pub const SEAL_VALUE: &str = "seal";
 
 /// One record read back from a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,21 +48,36 @@ pub struct Read {
 }
 
 impl Broker {
-    /// Starts a broker on a random port of 127.0.0.1.
+    /// Starts a mock broker on a random port of 127.0.0.1.
     pub fn start() -> Result<Self> {
         let cluster = MockCluster::new(1).context("starting the mock cluster")?;
-        Ok(Self { cluster })
+        Ok(Self {
+            backend: Backend::Mock(cluster),
+        })
+    }
+
+    /// Starts tansu on a free port of 127.0.0.1 (see [`crate::tansu`]).
+    pub fn tansu() -> Result<Self> {
+        Ok(Self {
+            backend: Backend::Tansu(crate::tansu::Tansu::start()?),
+        })
     }
 
     /// `host:port` of the broker.
     pub fn bootstrap(&self) -> String {
-        self.cluster.bootstrap_servers()
+        match &self.backend {
+            Backend::Mock(cluster) => cluster.bootstrap_servers(),
+            Backend::Tansu(tansu) => tansu.bootstrap(),
+        }
     }
 
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
-        self.cluster
-            .create_topic(topic, partitions, 1)
-            .with_context(|| format!("creating topic {topic}"))
+        match &self.backend {
+            Backend::Mock(cluster) => cluster
+                .create_topic(topic, partitions, 1)
+                .with_context(|| format!("creating topic {topic}")),
+            Backend::Tansu(tansu) => tansu.create_topic(topic, partitions),
+        }
     }
 
     /// Produces `values` to `topic`, value `i` to partition `i % partitions`, key `k<i>`,
@@ -112,6 +138,35 @@ impl Broker {
         Ok(())
     }
 
+    /// On tansu, makes the high watermarks of `topic` true (see [`crate::tansu`]): after a
+    /// pause, one record per partition with key [`SEAL_KEY`] and a value that is not JSON
+    /// (a JSON source with `on_malformed = "drop"` drops it; [`Broker::read_all`] skips it).
+    /// Returns the records added: none on the mock, whose watermarks are exact.
+    pub fn seal(&self, topic: &str, partitions: i32) -> Result<usize> {
+        if matches!(self.backend, Backend::Mock(_)) {
+            return Ok(0);
+        }
+        // Longer than tansu's clock resolution, so the seal's batch is the newest one.
+        std::thread::sleep(Duration::from_millis(50));
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .context("creating a producer")?;
+        for p in 0..partitions {
+            let record = BaseRecord::to(topic)
+                .partition(p)
+                .key(SEAL_KEY)
+                .payload(SEAL_VALUE);
+            producer
+                .send(record)
+                .map_err(|(e, _)| anyhow::anyhow!("sealing {topic}-{p}: {e}"))?;
+        }
+        producer
+            .flush(Duration::from_secs(30))
+            .context("flushing the seal records")?;
+        Ok(partitions as usize)
+    }
+
     /// Low and high watermark of one partition.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
         let consumer = self.consumer()?;
@@ -127,8 +182,10 @@ impl Broker {
             .create()?)
     }
 
-    /// Every record of `topic`, partition by partition in offset order.
+    /// Every record of `topic`, partition by partition in offset order, but the seal records
+    /// (on tansu the topic is sealed first, so that the high watermarks are the log end).
     pub fn read_all(&self, topic: &str, partitions: i32) -> Result<Vec<Read>> {
+        self.seal(topic, partitions)?;
         let consumer = self.consumer()?;
         let mut out = Vec::new();
         for p in 0..partitions {
@@ -148,6 +205,9 @@ impl Broker {
                 match consumer.poll(Duration::from_millis(100)) {
                     Some(Ok(m)) => {
                         next = m.offset() + 1;
+                        if m.key() == Some(SEAL_KEY.as_bytes()) {
+                            continue;
+                        }
                         let marker = m.headers().and_then(|h| {
                             h.iter()
                                 .find(|h| h.key == "weir.batch")
@@ -163,7 +223,15 @@ impl Broker {
                         });
                     }
                     Some(Err(e)) => bail!("reading {topic}-{p}: {e}"),
-                    None => {}
+                    // The last offsets may be transaction control records, never delivered.
+                    None => {
+                        let position = consumer.position()?;
+                        if let Some(Offset::Offset(at)) =
+                            position.find_partition(topic, p).map(|e| e.offset())
+                        {
+                            next = next.max(at);
+                        }
+                    }
                 }
             }
         }

@@ -10,7 +10,9 @@ use std::process::{Command, Output};
 use anyhow::{Context, Result, bail};
 pub use weir_host::examples::{OrdersSpec, OrdersWritten};
 
+pub mod delta;
 pub mod kafka;
+pub mod tansu;
 
 /// A scratch folder with sample orders and the example plugins in it.
 #[derive(Debug)]
