@@ -6,6 +6,14 @@
 //! `end`; consumer groups and committed offsets play no part, so a replayed batch reads
 //! exactly what it read before.
 //!
+//! The plan trusts the broker's high watermark (ListOffsets latest) as the log end. A broker
+//! that reports it too low (tansu 0.6.0 does, when several stored batches share a
+//! modification time) loses nothing: the range ends early and the rest is read by a later
+//! batch once the broker reports it; only an `available-now` run stops before the true end.
+//! No client-side check could tell, short of reading past the reported end, which a broker
+//! may answer with offset-out-of-range; the tests seal their topics on tansu instead
+//! (`tests/src/tansu.rs`).
+//!
 //! # Layout
 //! - `mod.rs`: the client side: metadata, watermarks, reading a range.
 //! - [`offsets`]: offset planning (starting offsets, data loss, rate limit), without a broker.
