@@ -253,7 +253,13 @@ impl Tansu {
         let addr = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?;
         let url = format!("tcp://{addr}");
         let child = Command::new(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
             .args(["--storage-engine", "memory://tansu/", "--silent"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -281,7 +287,12 @@ impl Tansu {
 
     fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
         let out = Command::new(&self.binary)
-            .args(["topic", "create", "--broker", &format!("tcp://{}", self.addr)])
+            .args([
+                "topic",
+                "create",
+                "--broker",
+                &format!("tcp://{}", self.addr),
+            ])
             .args(["--partitions", &partitions.to_string(), topic])
             .output()?;
         if !out.status.success() {

@@ -124,4 +124,3 @@ pub fn txn_of(actions: &[Value]) -> Option<(String, i64)> {
         Some((t["appId"].as_str()?.to_owned(), t["version"].as_i64()?))
     })
 }
-

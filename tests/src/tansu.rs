@@ -62,7 +62,13 @@ impl Tansu {
         let addr = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?;
         let url = format!("tcp://{addr}");
         let child = Command::new(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
             .args(["--storage-engine", "memory://tansu/", "--silent"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -95,7 +101,12 @@ impl Tansu {
 
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
         let out = Command::new(&self.binary)
-            .args(["topic", "create", "--broker", &format!("tcp://{}", self.addr)])
+            .args([
+                "topic",
+                "create",
+                "--broker",
+                &format!("tcp://{}", self.addr),
+            ])
             .args(["--partitions", &partitions.to_string(), topic])
             .output()
             .context("running tansu topic create")?;

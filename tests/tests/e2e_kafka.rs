@@ -364,7 +364,11 @@ fn kafka_to_kafka(s: &Setup) -> Result<()> {
         } else {
             vec![0, 1]
         };
-        assert_eq!(before.markers, markers(&id, &marked), "{phase}: after the kill");
+        assert_eq!(
+            before.markers,
+            markers(&id, &marked),
+            "{phase}: after the kill"
+        );
 
         let out = run_ok(EXE, &cache(), &file, &[])?;
         let stderr = String::from_utf8_lossy(&out.stderr);
