@@ -370,3 +370,46 @@ impl PluginEngine {
         format!("{:016x}", hasher.finish())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_that_cannot_be_reserved_falls_back_to_allocating_on_demand() {
+        let sized = PluginEngine::new(EngineOptions::default()).unwrap();
+        assert!(sized.pooled());
+        // 400,000 memories of 4 GiB each: more address space than x86-64 user space has.
+        let huge = PluginEngine::new(EngineOptions {
+            pool: Some(PoolOptions {
+                instances: 100_000,
+                max_memory_bytes: MAX_MEMORY_BYTES,
+            }),
+            ..EngineOptions::default()
+        })
+        .unwrap();
+        assert!(!huge.pooled());
+        let none = PluginEngine::new(EngineOptions {
+            pool: None,
+            ..EngineOptions::default()
+        })
+        .unwrap();
+        assert!(!none.pooled());
+    }
+
+    #[test]
+    fn a_query_pool_holds_two_instances_per_plugin_and_its_largest_memory_limit() {
+        assert_eq!(
+            PoolOptions::for_plugins(3, 64 << 20),
+            PoolOptions {
+                instances: 6,
+                max_memory_bytes: 64 << 20
+            }
+        );
+        assert_eq!(PoolOptions::for_plugins(0, 0).instances, 2);
+        assert_eq!(
+            PoolOptions::for_plugins(1, u64::MAX).max_memory_bytes,
+            MAX_MEMORY_BYTES
+        );
+    }
+}
