@@ -11,6 +11,10 @@
 //! Rust, Python and JavaScript: compile and load times, instantiation,
 //! per-call overhead, a 65k-row filter in Wasm against native.
 //!
+//! `weir-bench loading --input DIR` measures loading a plugin (compile, cached
+//! load, instantiation from the pool), the filter over 1M orders and the RSS of
+//! 100 idle instances, in Rust, Python and JavaScript (see `loading.rs`).
+//!
 //! `weir-bench stateful` runs the revenue and dedup queries, Weir and Spark
 //! side by side (see `stateful.rs`).
 //!
@@ -41,6 +45,7 @@ use weir_host::query::{Query, QueryOptions};
 
 mod delta;
 mod kafka;
+mod loading;
 mod stateful;
 
 fn main() -> ExitCode {
@@ -50,11 +55,13 @@ fn main() -> ExitCode {
         Some("run-variant") => run_variant(&args[2..]),
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
+        Some("loading") => loading::loading(&args[2..]),
+        Some("instances") => loading::instances(&args[2..]),
         Some("kafka") => kafka::kafka(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {
@@ -427,6 +434,7 @@ fn boundary(args: &[String]) -> Result<()> {
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(work.join("cache")),
         fuel: false,
+        ..EngineOptions::default()
     })?;
     let info = BatchInfo {
         query_id: "bench".into(),

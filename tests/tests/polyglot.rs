@@ -217,6 +217,7 @@ fn a_replayed_batch_is_not_written_twice_by_any_sink() -> Result<()> {
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache()),
         fuel: false,
+        ..EngineOptions::default()
     })?;
     let batch = orders_batch(50)?;
     let (first, second) = (batch.slice(0, 30), batch.slice(30, 20));
@@ -301,6 +302,7 @@ fn error_values_surface_with_the_plugin_name() -> Result<()> {
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache()),
         fuel: false,
+        ..EngineOptions::default()
     })?;
     let batch = orders_batch(10)?;
     for (name, filter, sink) in [
@@ -376,6 +378,7 @@ fn every_comparison_keeps_the_rows_the_rust_filter_keeps() -> Result<()> {
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache()),
         fuel: false,
+        ..EngineOptions::default()
     })?;
     let batch = orders_batch(2_000)?;
     let scratch = tempfile::tempdir()?;

@@ -32,6 +32,7 @@ fn hostile(config: &str, sandbox: Sandbox, batch: &RecordBatch) -> Result<WasmTr
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache()),
         fuel: sandbox.fuel.is_some(),
+        ..EngineOptions::default()
     })?;
     let loaded = engine.load_bytes(
         "hostile",

@@ -18,7 +18,7 @@ pub(super) fn run(
         Ok((dir, pipeline)) => {
             say(&format!("demo folder: {}", dir.display()));
             say(&format!("pipeline:    {}\n", pipeline.display()));
-            let code = super::run(&pipeline, &[], cache_dir, None);
+            let code = super::run(&pipeline, &[], cache_dir, None, false);
             if code == ExitCode::SUCCESS {
                 show_result(&dir);
             }

@@ -51,6 +51,10 @@ enum Command {
         /// Crash injection for recovery tests: PHASE@BATCH.
         #[arg(long, hide = true)]
         failpoint: Option<Failpoint>,
+        /// Before every batch, load a new build of any plugin whose file
+        /// changed (SIGHUP does it once, for every plugin file).
+        #[arg(long)]
+        watch_plugins: bool,
     },
     /// Check a pipeline file and print every problem at once.
     Validate {
@@ -104,7 +108,8 @@ where
             file,
             overrides,
             failpoint,
-        } => run(&file, &overrides, cache_dir, failpoint),
+            watch_plugins,
+        } => run(&file, &overrides, cache_dir, failpoint, watch_plugins),
         Command::Validate { file, overrides } => match crate::spec::load(&file, &overrides) {
             Ok(p) => {
                 let warnings = crate::spec::stateful_warnings(&p);
@@ -191,11 +196,21 @@ fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
+/// Loads new plugin builds before the next batch on SIGHUP.
+fn reload_flag() -> Arc<AtomicBool> {
+    let reload = Arc::new(AtomicBool::new(false));
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload)) {
+        tracing::warn!("cannot watch SIGHUP, plugins are only reloaded with --watch-plugins: {e}");
+    }
+    reload
+}
+
 pub(crate) fn run(
     file: &Path,
     overrides: &[String],
     cache_dir: Option<PathBuf>,
     failpoint: Option<Failpoint>,
+    watch_plugins: bool,
 ) -> ExitCode {
     let pipeline = match crate::spec::load(file, overrides) {
         Ok(p) => p,
@@ -209,6 +224,8 @@ pub(crate) fn run(
         failpoint,
         stop: stop_flag(),
         clock: Arc::new(SystemClock),
+        reload: reload_flag(),
+        watch_plugins,
         ..QueryOptions::default()
     };
     let name = pipeline.query.name.clone();

@@ -60,6 +60,11 @@ pub trait BatchTransform: Send {
     fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
         None
     }
+
+    /// For Wasm transforms: the plugin, for replacing it by a new build.
+    fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
+        None
+    }
 }
 
 impl BatchTransform for WasmTransform {
@@ -85,5 +90,9 @@ impl BatchTransform for WasmTransform {
             self.sha256().to_owned(),
             self.usage().clone(),
         ))
+    }
+
+    fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
+        Some(self)
     }
 }

@@ -2,30 +2,126 @@
 //! component is the expensive step (seconds under Cranelift), so compiled
 //! artifacts are cached on disk by content hash and loaded by `mmap` on the
 //! next start, which takes well under a millisecond.
+//!
+//! Instances come from wasmtime's pooling allocator: the engine reserves
+//! address space for a fixed number of instances up front, so a new
+//! instance (a new query, a replaced build, a store thrown away after a
+//! trap) reuses a slot instead of mapping and unmapping memory, which halves
+//! instantiation. The pool is sized by [`PoolOptions`]: how many plugin
+//! instances may be alive at once and the largest memory any of them may
+//! reach. Per-plugin memory limits stay with each store's limiter; the pool
+//! only caps what no plugin of this engine may exceed. Where the pool cannot
+//! be reserved (a process with a small address-space limit), the engine
+//! falls back to allocating on demand and says so.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::error::PluginError;
+
+/// Numbers the temporary files compiled artifacts are written to.
+static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
 
 /// How often the epoch advances; per-call deadlines are counted in these ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Settings of the shared engine.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// Where compiled components are kept; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
     /// Meter fuel (instructions) so that plugins can be given a fuel budget.
     /// Costs about a quarter of plugin speed, so it is off unless a plugin asks.
     pub fuel: bool,
+    /// The instance pool; `None` allocates every instance on demand.
+    pub pool: Option<PoolOptions>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            fuel: false,
+            pool: Some(PoolOptions::default()),
+        }
+    }
+}
+
+/// How large the pooling allocator's pool is.
+///
+/// A plugin instance (one component) holds several core instances, linear
+/// memories and tables: a componentize-py build has a dozen core modules and
+/// tables of tens of thousands of functions. The pool's per-component limits
+/// are sized for those, so that every language's plugins fit; what is
+/// reserved per memory is address space, not resident memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Plugin instances alive at once. A query needs one per plugin, and one
+    /// more per plugin while a new build replaces an old one.
+    pub instances: u32,
+    /// The most linear memory any one memory of any instance may grow to:
+    /// at least the largest per-plugin memory limit of the engine.
+    pub max_memory_bytes: u64,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            instances: 16,
+            max_memory_bytes: MAX_MEMORY_BYTES,
+        }
+    }
+}
+
+impl PoolOptions {
+    /// A pool for `plugins` plugins, each of which may be replaced by a new
+    /// build while running, whose memory limits are at most `max_memory_bytes`.
+    pub fn for_plugins(plugins: usize, max_memory_bytes: u64) -> Self {
+        let instances = u32::try_from(plugins.max(1).saturating_mul(2)).unwrap_or(u32::MAX);
+        Self {
+            instances,
+            max_memory_bytes: max_memory_bytes.clamp(1 << 16, MAX_MEMORY_BYTES),
+        }
+    }
+}
+
+/// What a 32-bit Wasm memory can address.
+const MAX_MEMORY_BYTES: u64 = 4 << 30;
+/// Core instances, memories and tables one component may hold in the pool.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+const MEMORIES_PER_COMPONENT: u32 = 4;
+const TABLES_PER_COMPONENT: u32 = 32;
+/// Elements of one table: CPython's function table is tens of thousands.
+const TABLE_ELEMENTS: usize = 1 << 17;
+/// Metadata (`VMContext`) of one instance; allocated as needed, only capped.
+const INSTANCE_METADATA_BYTES: usize = 16 << 20;
+
+fn pooling(options: &PoolOptions) -> PoolingAllocationConfig {
+    let n = options.instances.max(1);
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+        .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+        .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
+        // Plugins are called synchronously: no fiber stacks are taken.
+        .total_stacks(n)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memories_per_module(1)
+        .max_tables_per_module(TABLES_PER_COMPONENT)
+        .table_elements(TABLE_ELEMENTS)
+        .max_component_instance_size(INSTANCE_METADATA_BYTES)
+        .max_core_instance_size(INSTANCE_METADATA_BYTES)
+        .max_memory_size(usize::try_from(options.max_memory_bytes).unwrap_or(usize::MAX));
+    pool
 }
 
 /// A compiled component, ready to instantiate.
@@ -51,10 +147,32 @@ impl std::fmt::Debug for LoadedPlugin {
     }
 }
 
+impl LoadedPlugin {
+    /// Refuses a build whose hash is not the one the pipeline pinned.
+    ///
+    /// # Errors
+    /// [`PluginError::HashMismatch`], naming the plugin, both hashes and the file.
+    pub fn check_pin(&self, expected: Option<&str>) -> Result<(), PluginError> {
+        match expected {
+            Some(expected) if !expected.eq_ignore_ascii_case(&self.sha256) => {
+                Err(PluginError::HashMismatch {
+                    plugin: self.name.clone(),
+                    path: self.path.clone(),
+                    expected: expected.to_owned(),
+                    actual: self.sha256.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 struct Shared {
     engine: Engine,
     options: EngineOptions,
     stop_ticker: Arc<AtomicBool>,
+    /// Whether instances come from the pool (false after a fallback).
+    pooled: bool,
 }
 
 impl Drop for Shared {
@@ -73,6 +191,7 @@ impl std::fmt::Debug for PluginEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginEngine")
             .field("options", &self.shared.options)
+            .field("pooled", &self.shared.pooled)
             .finish()
     }
 }
@@ -87,10 +206,27 @@ impl PluginEngine {
         config.epoch_interruption(true);
         config.consume_fuel(options.fuel);
         config.wasm_component_model(true);
-        let engine = Engine::new(&config).map_err(|e| PluginError::Instantiate {
+        let engine_err = |e: wasmtime::Error| PluginError::Instantiate {
             plugin: "(engine)".into(),
             reason: format!("{e:#}"),
-        })?;
+        };
+        let (engine, pooled) = match &options.pool {
+            Some(pool) => {
+                config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(pool)));
+                match Engine::new(&config) {
+                    Ok(engine) => (engine, true),
+                    Err(e) => {
+                        tracing::warn!(
+                            instances = pool.instances,
+                            "cannot reserve the plugin instance pool ({e:#}); allocating instances on demand"
+                        );
+                        config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+                        (Engine::new(&config).map_err(engine_err)?, false)
+                    }
+                }
+            }
+            None => (Engine::new(&config).map_err(engine_err)?, false),
+        };
         let stop_ticker = Arc::new(AtomicBool::new(false));
         // The ticker must be its own OS thread: a spinning guest only stops
         // when the epoch moves, so nothing on the calling thread can move it.
@@ -115,12 +251,18 @@ impl PluginEngine {
                 engine,
                 options,
                 stop_ticker,
+                pooled,
             }),
         })
     }
 
     pub(crate) fn engine(&self) -> &Engine {
         &self.shared.engine
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn pooled(&self) -> bool {
+        self.shared.pooled
     }
 
     /// Whether fuel metering is on.
@@ -198,7 +340,12 @@ impl PluginEngine {
             source,
         };
         std::fs::create_dir_all(dir).map_err(cache_err)?;
-        let tmp = dir.join(format!(".{sha256}.{}.tmp", std::process::id()));
+        // Unique per writer: threads of one process may compile the same plugin at once.
+        let tmp = dir.join(format!(
+            ".{sha256}.{}.{}.tmp",
+            std::process::id(),
+            NEXT_TMP.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::write(&tmp, &compiled).map_err(cache_err)?;
         std::fs::rename(&tmp, &artifact).map_err(cache_err)?;
         // SAFETY: the bytes were produced just now by this engine.
@@ -221,5 +368,48 @@ impl PluginEngine {
             .precompile_compatibility_hash()
             .hash(&mut hasher);
         format!("{:016x}", hasher.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_that_cannot_be_reserved_falls_back_to_allocating_on_demand() {
+        let sized = PluginEngine::new(EngineOptions::default()).unwrap();
+        assert!(sized.pooled());
+        // 400,000 memories of 4 GiB each: more address space than x86-64 user space has.
+        let huge = PluginEngine::new(EngineOptions {
+            pool: Some(PoolOptions {
+                instances: 100_000,
+                max_memory_bytes: MAX_MEMORY_BYTES,
+            }),
+            ..EngineOptions::default()
+        })
+        .unwrap();
+        assert!(!huge.pooled());
+        let none = PluginEngine::new(EngineOptions {
+            pool: None,
+            ..EngineOptions::default()
+        })
+        .unwrap();
+        assert!(!none.pooled());
+    }
+
+    #[test]
+    fn a_query_pool_holds_two_instances_per_plugin_and_its_largest_memory_limit() {
+        assert_eq!(
+            PoolOptions::for_plugins(3, 64 << 20),
+            PoolOptions {
+                instances: 6,
+                max_memory_bytes: 64 << 20
+            }
+        );
+        assert_eq!(PoolOptions::for_plugins(0, 0).instances, 2);
+        assert_eq!(
+            PoolOptions::for_plugins(1, u64::MAX).max_memory_bytes,
+            MAX_MEMORY_BYTES
+        );
     }
 }

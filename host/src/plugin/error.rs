@@ -45,6 +45,20 @@ pub enum PluginError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    #[error("plugin {plugin}: {} has sha256 {actual}, but the pipeline pins sha256 = \"{expected}\"; refusing to run a build that is not the pinned one", path.display())]
+    HashMismatch {
+        plugin: String,
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("plugin {plugin}: the new build {} (sha256 {sha256}) is refused: {reason}; still running the previous build", path.display())]
+    Replacement {
+        plugin: String,
+        path: PathBuf,
+        sha256: String,
+        reason: String,
+    },
     #[error("plugin {plugin}: cannot instantiate: {reason}")]
     Instantiate { plugin: String, reason: String },
     #[error("plugin {plugin}: cannot grant directory {}: {reason}", host.display())]
@@ -120,6 +134,8 @@ impl PluginError {
             Self::Read { plugin, .. }
             | Self::Compile { plugin, .. }
             | Self::Cache { plugin, .. }
+            | Self::HashMismatch { plugin, .. }
+            | Self::Replacement { plugin, .. }
             | Self::Instantiate { plugin, .. }
             | Self::Grant { plugin, .. }
             | Self::InvalidConfig { plugin, .. }

@@ -240,7 +240,14 @@ pub struct WasmTransform {
     pre: transform::TransformPre<HostState>,
     input_fields: Vec<wit::Field>,
     input_schema: SchemaRef,
+    /// What downstream was opened with: the first build's declared output.
     output_schema: SchemaRef,
+    /// What the running build declared; differs from `output_schema` only
+    /// after a replacement that added columns.
+    declared_schema: SchemaRef,
+    /// For each column of `output_schema`, its index in `declared_schema`,
+    /// when they differ.
+    projection: Option<Vec<usize>>,
     live: Option<Live<transform::Transform>>,
 }
 
@@ -288,12 +295,51 @@ impl WasmTransform {
             pre,
             input_fields,
             output_schema: Arc::clone(&input_schema),
+            declared_schema: Arc::clone(&input_schema),
+            projection: None,
             input_schema,
             live: None,
         };
         let fields = this.start()?;
         this.output_schema = convert::arrow_schema(&fields, &this.input_schema);
+        this.declared_schema = Arc::clone(&this.output_schema);
         Ok(this)
+    }
+
+    /// Replaces the running build by `plugin` (between batches): opens it
+    /// with the same config and input, checks its declared output against
+    /// the one downstream was opened with (see `reload`), and only then
+    /// drops the old instance. On refusal the old build keeps running.
+    ///
+    /// # Errors
+    /// [`PluginError::Replacement`], saying why the build was refused.
+    pub fn replace(&mut self, plugin: LoadedPlugin) -> Result<(), PluginError> {
+        let refused = |plugin: &LoadedPlugin, reason: String| PluginError::Replacement {
+            plugin: self.rt.options.name.clone(),
+            path: plugin.path.clone(),
+            sha256: plugin.sha256.clone(),
+            reason,
+        };
+        let new = match Self::open(
+            &self.rt.engine,
+            plugin.clone(),
+            self.rt.options.clone(),
+            Arc::clone(&self.input_schema),
+        ) {
+            Ok(new) => new,
+            Err(e) => return Err(refused(&plugin, e.to_string())),
+        };
+        let projection = super::reload::check_output(&self.output_schema, &new.declared_schema)
+            .map_err(|reason| refused(&plugin, reason))?;
+        let identity = projection.len() == new.declared_schema.fields().len()
+            && projection.iter().enumerate().all(|(i, j)| i == *j);
+        self.rt.usage.instantiations += new.rt.usage.instantiations;
+        self.rt.plugin = new.rt.plugin;
+        self.pre = new.pre;
+        self.live = new.live;
+        self.declared_schema = new.declared_schema;
+        self.projection = (!identity).then_some(projection);
+        Ok(())
     }
 
     /// A fresh instance, opened; returns the output fields it declared.
@@ -314,6 +360,18 @@ impl WasmTransform {
         })?;
         self.live = Some(Live { store, bindings });
         Ok(fields)
+    }
+
+    /// Drops the live instance and starts a fresh one of the same build from
+    /// the prepared component: a new store, instantiation from the pool and
+    /// `open`. What a trap costs the next batch, and what the benchmark
+    /// measures as instantiation.
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub fn reinstantiate(&mut self) -> Result<(), PluginError> {
+        self.live = None;
+        self.start().map(drop)
     }
 
     /// The schema of the batches [`Self::process`] returns.
@@ -399,13 +457,21 @@ impl WasmTransform {
                 convert::from_ipc(&bytes).map_err(|e| malformed(e.to_string()))?
             }
         };
-        self.conform(out).map_err(malformed)
+        let out = self.conform(out).map_err(malformed)?;
+        match &self.projection {
+            None => Ok(out),
+            Some(columns) => RecordBatch::try_new(
+                Arc::clone(&self.output_schema),
+                columns.iter().map(|i| Arc::clone(out.column(*i))).collect(),
+            )
+            .map_err(|e| malformed(e.to_string())),
+        }
     }
 
     /// Checks a result against the declared output schema and adopts the
     /// declared field metadata (names, types and order must match).
     fn conform(&self, out: RecordBatch) -> Result<RecordBatch, String> {
-        let expected = &self.output_schema;
+        let expected = &self.declared_schema;
         let got = out.schema();
         if got.fields().len() != expected.fields().len()
             || got
@@ -437,6 +503,7 @@ pub struct WasmSink {
     rt: Runtime,
     pre: sink::SinkPre<HostState>,
     input_fields: Vec<wit::Field>,
+    input_schema: SchemaRef,
     live: Option<Live<sink::Sink>>,
 }
 
@@ -482,10 +549,37 @@ impl WasmSink {
             rt,
             pre,
             input_fields,
+            input_schema: Arc::clone(input_schema),
             live: None,
         };
         this.start()?;
         Ok(this)
+    }
+
+    /// Replaces the running build by `plugin` (between batches): opens it
+    /// with the same config, grants and input, and only then drops the old
+    /// instance. On refusal the old build keeps running.
+    ///
+    /// # Errors
+    /// [`PluginError::Replacement`], saying why the build was refused.
+    pub fn replace(&mut self, plugin: LoadedPlugin) -> Result<(), PluginError> {
+        let new = Self::open(
+            &self.rt.engine,
+            plugin.clone(),
+            self.rt.options.clone(),
+            &self.input_schema,
+        )
+        .map_err(|e| PluginError::Replacement {
+            plugin: self.rt.options.name.clone(),
+            path: plugin.path.clone(),
+            sha256: plugin.sha256.clone(),
+            reason: e.to_string(),
+        })?;
+        self.rt.usage.instantiations += new.rt.usage.instantiations;
+        self.rt.plugin = new.rt.plugin;
+        self.pre = new.pre;
+        self.live = new.live;
+        Ok(())
     }
 
     fn start(&mut self) -> Result<(), PluginError> {

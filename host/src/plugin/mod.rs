@@ -15,6 +15,8 @@
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
 //! - `state`: what a plugin's store holds and the host functions it imports.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `reload`: noticing a new build of a running plugin, and which builds may
+//!   replace which.
 //! - `error`: [`PluginError`].
 
 mod bindings;
@@ -22,9 +24,11 @@ mod convert;
 mod engine;
 mod error;
 mod instance;
+mod reload;
 mod state;
 
-pub use engine::{EngineOptions, LoadedPlugin, PluginEngine};
+pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
 pub use error::{PluginError, PluginErrorKind};
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
+pub use reload::{NewBuild, PluginFile};
 pub use state::BatchInfo;

@@ -22,6 +22,9 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 mod fingerprint;
+mod reload;
+
+pub use reload::ReloadOutcome;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{self, DecodeError};
@@ -33,8 +36,8 @@ use crate::operator::stateful::{
 };
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
-    BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginOptions, PluginUsage,
-    Sandbox, WasmSink, WasmTransform,
+    BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginFile, PluginOptions,
+    PluginUsage, PoolOptions, Sandbox, WasmSink, WasmTransform,
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
@@ -84,6 +87,12 @@ pub struct QueryOptions {
     pub memory_sink: Option<MemorySink>,
     /// Transforms added after those of the pipeline file (native ones, from programs embedding the host).
     pub extra_transforms: Vec<MakeTransform>,
+    /// Set (SIGHUP) to look for new plugin builds before the next batch:
+    /// every plugin file is hashed again. Cleared when done.
+    pub reload: Arc<AtomicBool>,
+    /// Look for new plugin builds before every batch (a `stat` per plugin
+    /// file; hashed only when its size or modification time changed).
+    pub watch_plugins: bool,
 }
 
 impl std::fmt::Debug for QueryOptions {
@@ -105,6 +114,8 @@ impl Default for QueryOptions {
             console: None,
             memory_sink: None,
             extra_transforms: Vec::new(),
+            reload: Arc::new(AtomicBool::new(false)),
+            watch_plugins: false,
         }
     }
 }
@@ -155,6 +166,17 @@ pub struct OffsetEntry {
     pub late_row_watermark_ms: i64,
     pub batch_timestamp_ms: i64,
     pub sources: Vec<SourceOffset>,
+    /// The plugin builds batch N runs with, in pipeline order (the sink's
+    /// last), so that a replay knows when it runs another build.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plugins: Vec<PluginBuild>,
+}
+
+/// One plugin build, as `offsets/N` records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginBuild {
+    pub name: String,
+    pub sha256: String,
 }
 
 /// Where one source stands after batch N: the entry of its own log.
@@ -216,6 +238,10 @@ pub struct Query {
     pending: Option<u64>,
     next_batch: u64,
     options: QueryOptions,
+    /// The engine every plugin of the query runs on, which loads new builds.
+    engine: PluginEngine,
+    /// The plugin files, watched for new builds.
+    watched: Vec<reload::Watched>,
     last_trigger: Option<Instant>,
     /// Per input: clock time it last had data (for the idle timeout).
     last_input_ms: Vec<i64>,
@@ -284,14 +310,34 @@ impl Query {
 
         let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
+        let memory_limits = pipeline
+            .transforms
+            .iter()
+            .map(|t| t.limits.memory_bytes)
+            .chain(match &pipeline.sink {
+                SinkSpec::Plugin(p) => Some(p.limits.memory_bytes),
+                _ => None,
+            });
+        let plugins = memory_limits.clone().count();
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: options.cache_dir.clone(),
             fuel,
+            pool: Some(PoolOptions::for_plugins(
+                plugins,
+                memory_limits.max().unwrap_or(0),
+            )),
         })?;
         let mut schema = Arc::clone(sources[0].schema());
         let mut transforms: Vec<Box<dyn BatchTransform>> = Vec::new();
-        for t in &pipeline.transforms {
+        let mut watched = Vec::new();
+        for (i, t) in pipeline.transforms.iter().enumerate() {
             let loaded = engine.load(&t.name, &t.plugin)?;
+            loaded.check_pin(t.sha256.as_deref())?;
+            watched.push(reload::Watched {
+                stage: reload::Stage::Transform(i),
+                file: PluginFile::new(&t.name, &t.plugin, &loaded.sha256),
+                pin: t.sha256.clone(),
+            });
             let transform = WasmTransform::open(
                 &engine,
                 loaded,
@@ -412,6 +458,12 @@ impl Query {
             SinkSpec::Memory => Box::new(options.memory_sink.clone().unwrap_or_default()),
             SinkSpec::Plugin(p) => {
                 let loaded = engine.load(&p.name, &p.plugin)?;
+                loaded.check_pin(p.sha256.as_deref())?;
+                watched.push(reload::Watched {
+                    stage: reload::Stage::Sink,
+                    file: PluginFile::new(&p.name, &p.plugin, &loaded.sha256),
+                    pin: p.sha256.clone(),
+                });
                 let plugin = WasmSink::open(
                     &engine,
                     loaded,
@@ -462,6 +514,21 @@ impl Query {
                 batch_id = n,
                 "batch {n} was planned but not committed: running it again"
             );
+            let entry: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
+            for recorded in entry.map(|e| e.plugins).unwrap_or_default() {
+                if let Some(now) = watched.iter().find(|w| w.file.name() == recorded.name)
+                    && now.file.sha256() != recorded.sha256
+                {
+                    tracing::warn!(
+                        batch_id = n,
+                        plugin = %recorded.name,
+                        "batch {n} first ran with build {} of plugin {}; it is replayed with build {}",
+                        recorded.sha256,
+                        recorded.name,
+                        now.file.sha256()
+                    );
+                }
+            }
         }
         Ok(Self {
             pipeline,
@@ -481,6 +548,8 @@ impl Query {
             pending,
             next_batch,
             options,
+            engine,
+            watched,
             last_trigger: None,
             summary: RunSummary::default(),
         })
@@ -498,6 +567,67 @@ impl Query {
 
     fn stopped(&self) -> bool {
         self.options.stop.load(Ordering::Relaxed)
+    }
+
+    /// Looks for new builds of the query's plugins and swaps in those that
+    /// pass (see `reload`); with `force` every plugin file is hashed, else
+    /// only those whose size or modification time changed. The query runs
+    /// this before planning a batch when asked to (SIGHUP, `watch_plugins`);
+    /// programs embedding the host may call it between batches.
+    pub fn reload_plugins(&mut self, force: bool) -> Vec<ReloadOutcome> {
+        let mut outcomes = Vec::new();
+        for watched in &mut self.watched {
+            let outcome = match watched.stage {
+                reload::Stage::Transform(i) => {
+                    let Some(plugin) = self.transforms.get_mut(i).and_then(|t| t.wasm_plugin())
+                    else {
+                        continue;
+                    };
+                    reload::check(&self.engine, watched, force, |new| plugin.replace(new))
+                }
+                reload::Stage::Sink => {
+                    let Some(plugin) = self.sink.wasm_plugin() else {
+                        continue;
+                    };
+                    reload::check(&self.engine, watched, force, |new| plugin.replace(new))
+                }
+            };
+            match &outcome {
+                Some(ReloadOutcome::Replaced {
+                    plugin,
+                    from_sha256,
+                    to_sha256,
+                }) => tracing::info!(
+                    query = %self.pipeline.query.name,
+                    plugin = %plugin,
+                    "plugin {plugin} replaced: build {from_sha256} → {to_sha256}, from batch {} on",
+                    self.next_batch
+                ),
+                Some(ReloadOutcome::Refused(e)) => {
+                    tracing::warn!(query = %self.pipeline.query.name, "{e}");
+                }
+                None => {}
+            }
+            outcomes.extend(outcome);
+        }
+        outcomes
+    }
+
+    /// Looks for new plugin builds when SIGHUP asked for it (every file
+    /// hashed) or `watch_plugins` is on (changed files only).
+    fn reload_if_asked(&mut self) {
+        let force = self.options.reload.swap(false, Ordering::Relaxed);
+        if force || self.options.watch_plugins {
+            self.reload_plugins(force);
+        }
+    }
+
+    /// The plugin builds the next batch runs with.
+    fn plugin_builds(&self) -> Vec<PluginBuild> {
+        self.plugin_usages()
+            .into_iter()
+            .map(|(name, sha256, _)| PluginBuild { name, sha256 })
+            .collect()
     }
 
     /// Runs batches as the trigger says, until the trigger is done, a stop is
@@ -555,6 +685,8 @@ impl Query {
     /// One trigger of a long-running query: a batch of new input, or a
     /// no-data batch when the watermark moved. Whether a batch ran.
     fn trigger_once(&mut self) -> Result<bool, QueryError> {
+        // An idle query takes a new build too, not only once data arrives.
+        self.reload_if_asked();
         if self.poll(false)? > 0 || self.wants_no_data_batch() {
             self.plan_and_run()?;
             return Ok(true);
@@ -639,6 +771,7 @@ impl Query {
 
     /// Plans the next batch over what the sources staged (durably) and runs it.
     fn plan_and_run(&mut self) -> Result<(), QueryError> {
+        self.reload_if_asked();
         let n = self.next_batch;
         let started = Instant::now();
         let mut offsets = Vec::with_capacity(self.sources.len());
@@ -659,6 +792,7 @@ impl Query {
                 late_row_watermark_ms: self.last_watermark_ms,
                 batch_timestamp_ms: self.options.clock.now_ms(),
                 sources: offsets,
+                plugins: self.plugin_builds(),
             },
         )?;
         let wal_ms = millis(started.elapsed());

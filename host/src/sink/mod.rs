@@ -87,6 +87,11 @@ pub trait Sink: Send {
         None
     }
 
+    /// The Wasm plugin behind this sink, for replacing it by a new build.
+    fn wasm_plugin(&mut self) -> Option<&mut WasmSink> {
+        None
+    }
+
     /// The query is stopping after its last committed batch: make durable anything held back
     /// (the Delta sink's `commit_every`).
     ///
@@ -269,6 +274,10 @@ impl Sink for PluginSink {
         })?;
         self.plugin.write_batch(&batch, info)?;
         Ok(batch.num_rows() as u64)
+    }
+
+    fn wasm_plugin(&mut self) -> Option<&mut WasmSink> {
+        Some(&mut self.plugin)
     }
 
     fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {

@@ -293,6 +293,9 @@ pub struct TransformSpec {
     pub config: serde_json::Value,
     /// `limits`.
     pub limits: PluginLimits,
+    /// `sha256`: the content hash the plugin file must have (lower-case hex),
+    /// checked when the query starts and when a new build is loaded.
+    pub sha256: Option<String>,
 }
 
 /// Resource limits of a plugin instance (`limits = { memory, timeout, fuel }`).
@@ -413,6 +416,8 @@ pub struct PluginSinkSpec {
     pub limits: PluginLimits,
     /// `capabilities`: what the sandbox grants beyond nothing.
     pub capabilities: Capabilities,
+    /// `sha256`: as [`TransformSpec::sha256`].
+    pub sha256: Option<String>,
 }
 
 /// What a plugin may reach outside its sandbox.

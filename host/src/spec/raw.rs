@@ -109,6 +109,7 @@ pub(super) struct RawTransform {
     pub plugin: Option<String>,
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -133,6 +134,7 @@ pub(super) struct RawSink {
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub capabilities: Option<RawCapabilities>,
+    pub sha256: Option<String>,
     // kind = "kafka"
     pub bootstrap_servers: Option<String>,
     pub topic: Option<String>,

@@ -135,6 +135,7 @@ fn example_round_trips_to_the_expected_pipeline() {
                 timeout: Duration::from_secs(10),
                 fuel: Some(1_000_000_000),
             },
+            sha256: None,
         }],
         watermark: None,
         aggregate: None,
@@ -648,6 +649,7 @@ capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { h
                 },
             ],
         },
+        sha256: None,
     });
     assert_eq!(p.sink, expected);
 
@@ -899,7 +901,7 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
         found,
         vec![(
             "sink.expected_rows".to_string(),
-            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every)".to_string()
+            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, sha256, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every)".to_string()
         )]
     );
 }
@@ -1215,6 +1217,62 @@ fn delta_source_takes_a_path_and_a_starting_version() {
         vec![(
             "source.orders.starting_version".to_string(),
             "only a delta source takes starting_version".to_string()
+        )]
+    );
+}
+
+#[test]
+fn a_plugin_may_pin_its_sha256_and_a_malformed_hash_is_reported_with_its_key() {
+    let dir = workspace();
+    let hash = "AB".repeat(32);
+    let text = MINIMAL.replace(
+        "[sink]\nkind = \"memory\"\n",
+        &format!(
+            "[[transform]]\nplugin = \"plugins/filter_rows.wasm\"\nsha256 = \"{hash}\"\n\n\
+             [sink]\nkind = \"plugin\"\nplugin = \"sinks/jsonl_sink.wasm\"\nsha256 = \"{}\"\n",
+            "0f".repeat(32)
+        ),
+    );
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    assert_eq!(p.transforms[0].sha256.as_deref(), Some(&*"ab".repeat(32)));
+    let SinkSpec::Plugin(sink) = &p.sink else {
+        panic!("expected a plugin sink, got {:?}", p.sink);
+    };
+    assert_eq!(sink.sha256.as_deref(), Some(&*"0f".repeat(32)));
+
+    let bad = text
+        .replace(&hash, "abc")
+        .replace(&"0f".repeat(32), &"g".repeat(64));
+    let found = problems(dir.path(), &bad, &[]);
+    assert_eq!(found.len(), 2, "{found:?}");
+    let message = |path: &str| {
+        found
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        message("transform[0].sha256")
+            .starts_with("\"abc\" is not a sha256: write the 64 hex digits"),
+        "{found:?}"
+    );
+    assert!(
+        message("sink.sha256").starts_with(&format!("{:?} is not a sha256", "g".repeat(64))),
+        "{found:?}"
+    );
+
+    // Only a plugin sink takes a hash.
+    let stray = MINIMAL.replace(
+        "kind = \"memory\"\n",
+        &format!("kind = \"memory\"\nsha256 = \"{hash}\"\n"),
+    );
+    let found = problems(dir.path(), &stray, &[]);
+    assert_eq!(
+        found,
+        vec![(
+            "sink.sha256".to_string(),
+            "not a key of a memory sink (it takes only kind)".to_string()
         )]
     );
 }

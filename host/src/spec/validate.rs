@@ -829,12 +829,35 @@ fn transform(
     let plugin = plugin_path(c, &key("plugin"), t.plugin, base);
     let config = config(c, &key("config"), t.config);
     let limits = limits(c, &key("limits"), t.limits);
+    let sha256 = sha256(c, &key("sha256"), t.sha256);
     Some(TransformSpec {
         name: name?,
         plugin: plugin?,
         config: config?,
         limits: limits?,
+        sha256: sha256?,
     })
+}
+
+/// A pinned content hash: 64 hex digits, kept in lower case (the form
+/// `weir` prints and checkpoints record).
+fn sha256(c: &mut Collector, path: &str, raw: Option<String>) -> Option<Option<String>> {
+    let Some(text) = raw else {
+        return Some(None);
+    };
+    let hex = text.trim();
+    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Some(Some(hex.to_ascii_lowercase()))
+    } else {
+        c.push(
+            path,
+            format!(
+                "{text:?} is not a sha256: write the 64 hex digits of the plugin file's hash \
+                 (`sha256sum plugin.wasm`)"
+            ),
+        );
+        None
+    }
 }
 
 /// `name`, or by default the plugin's file stem.
@@ -1033,7 +1056,14 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         "files" => &["path", "format"],
         "console" => &["max_rows"],
         "memory" => &[],
-        "plugin" => &["name", "plugin", "config", "limits", "capabilities"],
+        "plugin" => &[
+            "name",
+            "plugin",
+            "config",
+            "limits",
+            "capabilities",
+            "sha256",
+        ],
         "kafka" => &["bootstrap_servers", "topic", "key", "value", "delivery"],
         "delta" => &["path", "partition_by", "target_file_size", "commit_every"],
         other => {
@@ -1053,6 +1083,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ("config", s.config.is_some()),
         ("limits", s.limits.is_some()),
         ("capabilities", s.capabilities.is_some()),
+        ("sha256", s.sha256.is_some()),
         ("bootstrap_servers", s.bootstrap_servers.is_some()),
         ("topic", s.topic.is_some()),
         ("key", s.key.is_some()),
@@ -1135,12 +1166,14 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             let config = config(c, "sink.config", s.config);
             let limits = limits(c, "sink.limits", s.limits);
             let capabilities = capabilities(c, s.capabilities, base);
+            let sha256 = sha256(c, "sink.sha256", s.sha256);
             Some(SinkSpec::Plugin(PluginSinkSpec {
                 name: name?,
                 plugin: plugin?,
                 config: config?,
                 limits: limits?,
                 capabilities: capabilities?,
+                sha256: sha256?,
             }))
         }
     };

@@ -6,8 +6,13 @@
 //! batch `batch` only when given (other batches pass through unchanged).
 //! Modes: `ok`, `trap`, `loop`, `alloc`, `read-file`, `connect`,
 //! `bad-output`, `error`, `retryable`, `random`.
+//!
+//! Without `mode` it passes every batch through and takes (and ignores)
+//! `filter_rows`' keys `column`, `op` and `value`: it then stands in as
+//! another build of `filter_rows` (the hot-replacement tests swap it in).
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use weir_plugin_sdk::{
     Batch, BatchInfo, Bitmap, Column, Output, PluginError, Schema, Selection, Transform,
 };
@@ -15,7 +20,15 @@ use weir_plugin_sdk::{
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    #[serde(default = "pass_through")]
     pub mode: String,
+    /// `filter_rows`' keys, ignored.
+    #[serde(default)]
+    pub column: Option<IgnoredAny>,
+    #[serde(default)]
+    pub op: Option<IgnoredAny>,
+    #[serde(default)]
+    pub value: Option<IgnoredAny>,
     #[serde(default)]
     pub batch: Option<u64>,
     /// For `connect`: where to connect.
@@ -24,6 +37,10 @@ pub struct Config {
     /// For `read-file`: what to read.
     #[serde(default)]
     pub file: Option<String>,
+}
+
+fn pass_through() -> String {
+    "ok".to_owned()
 }
 
 #[derive(Debug)]
