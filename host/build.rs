@@ -22,5 +22,10 @@ fn main() {
             "weir_plugin_jsonl_sink",
             "WEIR_PLUGIN_JSONL_SINK",
         ),
+        (
+            "weir-plugin-running-total",
+            "weir_plugin_running_total",
+            "WEIR_PLUGIN_RUNNING_TOTAL",
+        ),
     ]);
 }

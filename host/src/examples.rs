@@ -12,12 +12,15 @@ pub const FILTER_ROWS_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_FILTER_ROWS
 pub const NORMALIZE_STATUS_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_NORMALIZE_STATUS"));
 /// `plugins/jsonl_sink`: a foreachBatch sink appending JSON lines, idempotent by batch id.
 pub const JSONL_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_JSONL_SINK"));
+/// `plugins/running_total`: a running total per key, kept in the host's keyed state.
+pub const RUNNING_TOTAL_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_RUNNING_TOTAL"));
 
 /// Every example plugin by file name.
 pub const PLUGINS: &[(&str, &[u8])] = &[
     ("filter_rows.wasm", FILTER_ROWS_WASM),
     ("normalize_status.wasm", NORMALIZE_STATUS_WASM),
     ("jsonl_sink.wasm", JSONL_SINK_WASM),
+    ("running_total.wasm", RUNNING_TOTAL_WASM),
 ];
 
 /// Writes the example plugins into `dir`.

@@ -47,6 +47,8 @@
 //! - [`output`]: a transform's result as edits of its input.
 //! - [`error`]: [`PluginError`] and config parsing.
 //! - [`host`]: logging and the replay-stable random source.
+//! - [`state`]: keyed state for stateful transforms (feature `stateful-transform`), stored and
+//!   versioned by the host.
 //! - [`testing`]: native harness that applies outputs like the host does.
 //! - [`text`]: text forms of timestamps, dates and decimals (RFC 3339, exact decimals).
 //! - `guest` (hidden, wasm32 only): the wit-bindgen glue, one `generate!` per cargo feature
@@ -63,6 +65,8 @@ pub mod error;
 pub mod host;
 pub mod output;
 pub mod schema;
+#[cfg(any(not(target_arch = "wasm32"), feature = "stateful-transform"))]
+pub mod state;
 pub mod testing;
 pub mod text;
 

@@ -250,6 +250,26 @@ pub fn reset_random(seed: u64) {
     log_imp::reset_random(seed);
 }
 
+/// Sets the watermark (µs) that native [`crate::state`] calls see, and removes the entries it
+/// expired, as the host does between batches.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn set_state_watermark(micros: i64) {
+    crate::state::imp::set_watermark(micros);
+}
+
+/// How many entries native [`crate::state`] holds on this thread (expired ones included until
+/// [`set_state_watermark`] removes them).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn state_len() -> usize {
+    crate::state::imp::len()
+}
+
+/// Empties native [`crate::state`] on this thread and resets its watermark to 0, as a new query.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn reset_state() {
+    crate::state::imp::clear();
+}
+
 #[cfg(not(all(target_arch = "wasm32", any(feature = "transform", feature = "sink"))))]
 use crate::host::imp as log_imp;
 

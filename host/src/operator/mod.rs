@@ -3,16 +3,20 @@
 //! them alike and programs embedding the host can add their own; and
 //! stateful operators (windowed aggregation, deduplication) behind
 //! [`stateful::StatefulOperator`], which own their state stores while the
-//! query loop owns time.
+//! query loop owns time. Wasm transforms with keyed state
+//! ([`wasm_state`]) stay transforms; the query loads and commits their state
+//! with the operators'.
 
 pub mod aggregate;
 pub mod dedup;
 mod key_encoding;
 pub mod stateful;
+pub mod wasm_state;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use crate::operator::wasm_state::KeyedState;
 use crate::plugin::{BatchInfo, PluginError, PluginUsage, WasmTransform};
 
 /// A transform failed a batch.
@@ -65,6 +69,20 @@ pub trait BatchTransform: Send {
     fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
         None
     }
+
+    /// Whether the transform keeps keyed state (a Wasm component importing
+    /// `keyed-state`), which the query then stores and versions.
+    fn is_stateful(&self) -> bool {
+        false
+    }
+
+    /// Gives a stateful transform its keyed state.
+    fn attach_keyed_state(&mut self, _state: KeyedState) {}
+
+    /// The keyed state given by [`Self::attach_keyed_state`].
+    fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
+        None
+    }
 }
 
 impl BatchTransform for WasmTransform {
@@ -94,5 +112,17 @@ impl BatchTransform for WasmTransform {
 
     fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
         Some(self)
+    }
+
+    fn is_stateful(&self) -> bool {
+        WasmTransform::is_stateful(self)
+    }
+
+    fn attach_keyed_state(&mut self, state: KeyedState) {
+        self.attach_state(state);
+    }
+
+    fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
+        WasmTransform::keyed_state_mut(self)
     }
 }

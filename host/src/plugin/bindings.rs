@@ -26,4 +26,19 @@ pub(crate) mod sink {
     });
 }
 
+/// The `stateful-transform` world: only its `keyed-state` import is used, since
+/// its export is the `transform` world's `transformer`, whose bindings drive
+/// both kinds of transform.
+pub(crate) mod stateful_transform {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "stateful-transform",
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+        imports: { default: trappable },
+    });
+}
+
 pub(crate) use transform::weir::plugin::types as wit;

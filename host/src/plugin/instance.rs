@@ -17,7 +17,7 @@ use wasmtime::{Store, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::bindings::{sink, transform, wit};
+use super::bindings::{sink, stateful_transform, transform, wit};
 use super::convert;
 use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
 use super::error::{PluginError, PluginErrorKind};
@@ -128,6 +128,7 @@ impl Runtime {
             stderr,
             call: CallState::default(),
             failpoint: self.options.failpoint,
+            keyed: None,
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -249,6 +250,10 @@ pub struct WasmTransform {
     /// when they differ.
     projection: Option<Vec<usize>>,
     live: Option<Live<transform::Transform>>,
+    /// Whether the component imports `keyed-state` (world `stateful-transform`).
+    stateful: bool,
+    /// Its keyed state between calls (moved into the store during one).
+    keyed: Option<crate::operator::wasm_state::KeyedState>,
 }
 
 impl std::fmt::Debug for WasmTransform {
@@ -286,6 +291,18 @@ impl WasmTransform {
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
         transform::Transform::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        // Offered to every transform; only a component that imports it is stateful.
+        stateful_transform::weir::plugin::keyed_state::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        let stateful = rt
+            .plugin
+            .component
+            .component_type()
+            .imports(engine.engine())
+            .any(|(name, _)| name == super::keyed_state::INTERFACE);
         let pre = linker
             .instantiate_pre(&rt.plugin.component)
             .and_then(transform::TransformPre::new)
@@ -299,6 +316,8 @@ impl WasmTransform {
             projection: None,
             input_schema,
             live: None,
+            stateful,
+            keyed: None,
         };
         let fields = this.start()?;
         this.output_schema = convert::arrow_schema(&fields, &this.input_schema);
@@ -394,6 +413,21 @@ impl WasmTransform {
         &self.rt.usage
     }
 
+    /// Whether the component imports `keyed-state` and so needs a state store.
+    pub fn is_stateful(&self) -> bool {
+        self.stateful
+    }
+
+    /// Gives a stateful transform its keyed state.
+    pub fn attach_state(&mut self, state: crate::operator::wasm_state::KeyedState) {
+        self.keyed = Some(state);
+    }
+
+    /// The keyed state, for the query to load and commit it.
+    pub fn keyed_state_mut(&mut self) -> Option<&mut crate::operator::wasm_state::KeyedState> {
+        self.keyed.as_mut()
+    }
+
     /// Transforms one batch (one call across the boundary).
     ///
     /// # Errors
@@ -424,10 +458,12 @@ impl WasmTransform {
             .map_err(|e| self.rt.err_instantiate(e))?;
         let rep = Resource::<HostBatch>::new_borrow(resource.rep());
         let wit_info = wit_info(info);
+        live.store.data_mut().keyed = self.keyed.take();
         let result =
             live.bindings
                 .weir_plugin_transformer()
                 .call_process(&mut live.store, &wit_info, rep);
+        self.keyed = live.store.data_mut().keyed.take();
         // The guest only borrowed the batch; take it back out of the table.
         let _ = live.store.data_mut().table.delete(resource);
         live.store.data_mut().call.phase = None;

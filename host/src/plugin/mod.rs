@@ -14,6 +14,7 @@
 //!   cache of compiled components.
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
 //! - `state`: what a plugin's store holds and the host functions it imports.
+//! - `keyed_state`: the `keyed-state` import of stateful transforms.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
 //! - `reload`: noticing a new build of a running plugin, and which builds may
 //!   replace which.
@@ -25,6 +26,7 @@ mod engine;
 mod error;
 mod instance;
 mod reload;
+mod keyed_state;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};

@@ -36,6 +36,10 @@ const FROZEN: &[(&str, &str)] = &[
         "state_value",
         "the value schema of the stateful operator's state",
     ),
+    (
+        "stateful_plugins",
+        "the stateful transforms (plugins that keep keyed state)",
+    ),
     ("watermark_column", "the watermark column"),
     ("watermark_policy", "the watermark policy"),
     ("state_store", "the state store"),
@@ -56,8 +60,15 @@ fn fields(fields: &[arrow_schema::Field]) -> Vec<String> {
 }
 
 /// The fingerprint of `pipeline`, whose stateful operator (if any) keeps
-/// state of the shape `state`.
-pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, String)]) -> Value {
+/// state of the shape `state`, and whose transforms named `stateful_plugins`
+/// keep keyed state (a new build of one is fine; adding, removing or
+/// reordering them is not, since their state folders follow that order).
+pub fn of(
+    pipeline: &Pipeline,
+    state: Option<&StateSchema>,
+    plugins: &[(String, String)],
+    stateful_plugins: &[String],
+) -> Value {
     let sources: Vec<Value> = pipeline
         .sources
         .iter()
@@ -126,7 +137,7 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
     } else {
         Value::Null
     };
-    let is_stateful = !stateful.is_null();
+    let is_stateful = !stateful.is_null() || !stateful_plugins.is_empty();
     json!({
         "sources": sources,
         "rate_limits": rate_limits,
@@ -137,6 +148,8 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
             Trigger::Continuous => "continuous".to_owned(),
         },
         "stateful": stateful,
+        // Absent (null) without any, so that older checkpoints resume unchanged.
+        "stateful_plugins": if stateful_plugins.is_empty() { Value::Null } else { json!(stateful_plugins) },
         "state_key": state.map(|s| json!({ "operator": s.operator, "columns": fields(&s.key) })),
         "state_value": state.map(|s| json!({ "operator": s.operator, "columns": fields(&s.value) })),
         "watermark_column": pipeline.watermark.as_ref().map(|w| w.column.clone()),

@@ -34,6 +34,7 @@ use crate::operator::dedup::{DedupConfig, DedupOperator};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
+use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
     BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginFile, PluginOptions,
@@ -224,6 +225,8 @@ pub struct Query {
     /// The query's inputs, unioned; index i owns `sources/<i>/`.
     sources: Vec<Box<dyn Source>>,
     transforms: Vec<Box<dyn BatchTransform>>,
+    /// Whether a transform keeps keyed state (loaded and committed per batch).
+    stateful_transforms: bool,
     watermark: Option<Watermark>,
     stateful: Option<Box<dyn StatefulOperator>>,
     /// wm of the last planned batch, i.e. wm(b−1) for the next one.
@@ -357,6 +360,13 @@ impl Query {
             schema = Arc::clone(transform.output_schema());
             transforms.push(Box::new(transform));
         }
+        // Stateful transforms in pipeline order: their rank names their state folder.
+        let stateful_plugins: Vec<(usize, String)> = transforms
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_stateful())
+            .map(|(i, t)| (i, t.name().to_owned()))
+            .collect();
         for make in std::mem::take(&mut options.extra_transforms) {
             let transform = make(&schema);
             schema = Arc::clone(transform.output_schema());
@@ -385,6 +395,10 @@ impl Query {
             &pipeline,
             planned.as_ref().map(|p| &p.state_schema),
             &plugins,
+            &stateful_plugins
+                .iter()
+                .map(|(_, name)| name.clone())
+                .collect::<Vec<_>>(),
         );
         match checkpoint.metadata().fingerprint.clone() {
             Some(old) => {
@@ -403,6 +417,18 @@ impl Query {
                 }
             }
             None => checkpoint.set_fingerprint(fingerprint)?,
+        }
+        for (rank, (i, name)) in stateful_plugins.iter().enumerate() {
+            let state = KeyedState::open(&KeyedStateConfig {
+                plugin: name.clone(),
+                num_partitions: pipeline.query.state_partitions,
+                state_dir: checkpoint
+                    .dir()
+                    .join("state")
+                    .join(format!("transform-{rank}")),
+                state: state_options(&pipeline.query),
+            })?;
+            transforms[*i].attach_keyed_state(state);
         }
         let stateful = planned.map(|p| p.open(&schema)).transpose()?;
         if let Some(op) = &stateful {
@@ -538,6 +564,7 @@ impl Query {
             poll_time: Duration::ZERO,
             sources,
             transforms,
+            stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
             last_watermark_ms,
@@ -751,7 +778,7 @@ impl Query {
     /// Spark runs a batch without new data when a stateful operator could
     /// emit or evict because the watermark advanced (not in complete mode).
     fn wants_no_data_batch(&self) -> bool {
-        self.stateful.is_some()
+        (self.stateful.is_some() || self.stateful_transforms)
             && self.watermark.is_some()
             && self.pipeline.query.output_mode != OutputMode::Complete
             && self.next_watermark_ms > self.last_watermark_ms
@@ -843,10 +870,15 @@ impl Query {
         Failpoint::check(self.options.failpoint.as_ref(), Phase::BeforeCommit, n);
         let commit_started = Instant::now();
         // State first (version n), then the batch (§3 step 4).
-        let state_metrics = match &mut self.stateful {
-            Some(op) => Some(op.commit(n)?),
-            None => None,
-        };
+        let mut state_metrics = Vec::new();
+        if let Some(op) = &mut self.stateful {
+            state_metrics.push(op.commit(n)?);
+        }
+        for t in &mut self.transforms {
+            if let Some(state) = t.keyed_state_mut() {
+                state_metrics.push(state.commit(n)?);
+            }
+        }
         // Each input's watermark moves by its own event times; the query's
         // is their combination (§3.1).
         let (next_watermark_ms, next_source_watermarks_ms) = match &self.watermark {
@@ -918,7 +950,7 @@ impl Query {
         n: u64,
         entry: &OffsetEntry,
         outcome: &Outcome,
-        state_metrics: Option<OperatorMetrics>,
+        state_metrics: Vec<OperatorMetrics>,
         usage_before: Vec<(String, String, PluginUsage)>,
         since_last: Option<Duration>,
         [latest_offset_ms, wal_ms, commit_ms, total_ms]: [u64; 4],
@@ -1021,6 +1053,13 @@ impl Query {
         let n = info.batch_id;
         let mut outputs: Vec<RecordBatch> = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
+        // Every attempt of a stateful transform starts from the state the
+        // previous batch committed, and expires by this batch's watermark.
+        for t in &mut self.transforms {
+            if let Some(state) = t.keyed_state_mut() {
+                state.load(n.checked_sub(1), entry.batch_watermark_ms)?;
+            }
+        }
         let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
         let none = sources::Recorded::new();
         for (i, source) in self.sources.iter_mut().enumerate() {
@@ -1205,13 +1244,7 @@ fn plan_stateful(
         query: query.name.clone(),
         message,
     };
-    let state = StateOptions {
-        kind: match query.state_store {
-            spec::StateStoreKind::RocksDb => StoreKind::RocksDb,
-            spec::StateStoreKind::Memory => StoreKind::Memory,
-        },
-        ..StateOptions::default()
-    };
+    let state = state_options(query);
     // The rules `weir validate` checks too (a pipeline built in code has
     // not been through them), then the warnings, logged for the operator.
     let problems = spec::stateful_problems(pipeline);
@@ -1295,6 +1328,17 @@ fn plan_stateful(
         }));
     }
     Ok(None)
+}
+
+/// How the query's state stores keep their versions (`query.state_store`).
+fn state_options(query: &spec::QuerySpec) -> StateOptions {
+    StateOptions {
+        kind: match query.state_store {
+            spec::StateStoreKind::RocksDb => StoreKind::RocksDb,
+            spec::StateStoreKind::Memory => StoreKind::Memory,
+        },
+        ..StateOptions::default()
+    }
 }
 
 fn millis_i64(d: Duration) -> i64 {
