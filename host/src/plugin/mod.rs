@@ -15,16 +15,23 @@
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
 //! - `state`: what a plugin's store holds and the host functions it imports.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `grants`: folders, environment variables and HTTP hosts a plugin may reach.
+//! - `limiter`: the memory limit and its high-water mark.
+//! - `replay`: the batch clock and seeded random source that make replays identical.
 //! - `error`: [`PluginError`].
 
 mod bindings;
 mod convert;
 mod engine;
 mod error;
+mod grants;
 mod instance;
+mod limiter;
+mod replay;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine};
 pub use error::{PluginError, PluginErrorKind};
+pub use grants::{HttpGrant, env_from_host};
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use state::BatchInfo;

@@ -109,6 +109,7 @@ pub(super) struct RawTransform {
     pub plugin: Option<String>,
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
+    pub capabilities: Option<RawCapabilities>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -150,6 +151,10 @@ pub(super) struct RawSink {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCapabilities {
     pub dirs: Option<Vec<RawDirGrant>>,
+    /// Names of host environment variables the plugin may read.
+    pub env: Option<Vec<String>>,
+    /// Hosts (`host` or `host:port`) the plugin may send HTTP requests to.
+    pub http: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
