@@ -1,14 +1,19 @@
 //! Misbehaving plugins are contained: each fails its batch with an error
 //! that names the plugin and the limit or rule it broke, the host goes on,
-//! and a poisoned instance is replaced by a fresh one.
+//! and a poisoned instance is replaced by a fresh one. Grants (environment
+//! variables, HTTP hosts) open exactly what they name, and a plugin's clock
+//! and random numbers make a replayed batch byte-identical.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use arrow_array::RecordBatch;
 use weir_host::plugin::{
-    BatchInfo, EngineOptions, PluginEngine, PluginError, PluginOptions, Sandbox, WasmTransform,
+    BatchInfo, EngineOptions, HttpGrant, PluginEngine, PluginError, PluginOptions, Sandbox,
+    WasmTransform,
 };
 use weir_tests::{HOSTILE_WASM, SCHEMA, Workspace, log_ids, orders_batch, run_ok, weir};
 
@@ -183,6 +188,21 @@ fn a_malformed_result_and_an_error_value_are_reported() -> Result<()> {
         "{err}"
     );
 
+    let mut t = hostile(r#"{"mode":"bad-type"}"#, Sandbox::default(), &batch)?;
+    let err = t.process(&batch, &info(6)).expect_err("wrong type");
+    assert!(
+        matches!(err, PluginError::MalformedOutput { batch_id: 6, .. }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "plugin hostile returned a malformed batch in batch 6: its columns are [order_id Utf8,"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("but it declared [order_id Int64,"), "{text}");
+
     let mut t = hostile(r#"{"mode":"error"}"#, Sandbox::default(), &batch)?;
     let err = t.process(&batch, &info(5)).expect_err("refuses");
     assert_eq!(
@@ -286,5 +306,283 @@ fn a_failed_batch_is_not_committed_and_reruns_once_the_plugin_is_fixed() -> Resu
         rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
     }
     assert_eq!(rows, ws.orders.lines - ws.orders.malformed, "no row lost");
+    Ok(())
+}
+
+/// Arrow IPC stream bytes of `batch`: what "byte-identical" is measured on.
+fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut bytes, &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(bytes)
+}
+
+fn int64_column(batch: &RecordBatch, name: &str) -> Result<Vec<i64>> {
+    let column = batch
+        .column_by_name(name)
+        .with_context(|| format!("no column {name}"))?
+        .as_any()
+        .downcast_ref::<arrow_array::Int64Array>()
+        .with_context(|| format!("{name} is not Int64"))?;
+    Ok(column.values().to_vec())
+}
+
+fn utf8_value(batch: &RecordBatch, name: &str) -> Result<String> {
+    let column = batch
+        .column_by_name(name)
+        .with_context(|| format!("no column {name}"))?
+        .as_any()
+        .downcast_ref::<arrow_array::StringArray>()
+        .with_context(|| format!("{name} is not Utf8"))?;
+    Ok(column.value(0).to_owned())
+}
+
+#[test]
+fn a_replayed_batch_reads_the_same_clock_and_random_numbers() -> Result<()> {
+    let batch = orders_batch(50)?;
+    let config = r#"{"mode":"replay"}"#;
+    let first = hostile(config, Sandbox::default(), &batch)?.process(&batch, &info(3))?;
+    // A replay after a restart: a new engine and instance, a higher attempt.
+    let mut again = hostile(config, Sandbox::default(), &batch)?;
+    let replay = again.process(
+        &batch,
+        &BatchInfo {
+            attempt: 1,
+            ..info(3)
+        },
+    )?;
+    assert_eq!(ipc_bytes(&first)?, ipc_bytes(&replay)?, "byte-identical");
+
+    let ts = info(3).timestamp_micros;
+    assert_eq!(int64_column(&first, "wall_micros")?, vec![ts; 50]);
+    assert_eq!(
+        int64_column(&first, "monotonic_nanos")?,
+        vec![ts * 1000; 50]
+    );
+    for name in ["random", "wasi_random", "wasi_insecure"] {
+        let values = int64_column(&first, name)?;
+        let distinct: std::collections::BTreeSet<i64> = values.iter().copied().collect();
+        assert_eq!(distinct.len(), 50, "{name} draws fresh numbers per row");
+    }
+
+    // Another batch on the same instance: other numbers, its own clock.
+    let other = again.process(
+        &batch,
+        &BatchInfo {
+            timestamp_micros: ts + 5_000_000,
+            ..info(4)
+        },
+    )?;
+    assert_eq!(int64_column(&other, "wall_micros")?[0], ts + 5_000_000);
+    for name in ["random", "wasi_random", "wasi_insecure"] {
+        assert_ne!(
+            int64_column(&first, name)?,
+            int64_column(&other, name)?,
+            "{name} differs between batches"
+        );
+    }
+    // And batch 3 once more on that instance: the same bytes as the first run.
+    let third = again.process(&batch, &info(3))?;
+    assert_eq!(ipc_bytes(&first)?, ipc_bytes(&third)?);
+    Ok(())
+}
+
+#[test]
+fn only_granted_environment_variables_are_visible() -> Result<()> {
+    let batch = orders_batch(5)?;
+    let mut t = hostile(r#"{"mode":"env"}"#, Sandbox::default(), &batch)?;
+    let out = t.process(&batch, &info(0))?;
+    assert_eq!(utf8_value(&out, "env")?, "", "nothing is inherited");
+
+    let sandbox = Sandbox {
+        env: vec![
+            ("WEIR_REGION".into(), "eu-west".into()),
+            ("WEIR_MODE".into(), "strict".into()),
+        ],
+        ..Sandbox::default()
+    };
+    let mut t = hostile(r#"{"mode":"env"}"#, sandbox, &batch)?;
+    let out = t.process(&batch, &info(0))?;
+    assert_eq!(
+        utf8_value(&out, "env")?,
+        "WEIR_MODE=strict;WEIR_REGION=eu-west"
+    );
+    Ok(())
+}
+
+/// A one-response-per-connection HTTP server on 127.0.0.1:0; returns its
+/// address and the count of connections it accepted.
+fn http_server() -> Result<(std::net::SocketAddr, Arc<AtomicUsize>)> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { break };
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\nconnection: close\r\n\r\nhello weir!",
+            );
+        }
+    });
+    Ok((address, accepted))
+}
+
+#[test]
+fn http_reaches_only_allow_listed_hosts() -> Result<()> {
+    let batch = orders_batch(5)?;
+    let (address, accepted) = http_server()?;
+    let config = format!(r#"{{"mode":"http","address":"{address}"}}"#);
+
+    let granted = Sandbox {
+        http: vec![HttpGrant::parse(&address.to_string()).map_err(anyhow::Error::msg)?],
+        ..Sandbox::default()
+    };
+    let mut t = hostile(&config, granted, &batch)?;
+    let out = t.process(&batch, &info(0))?;
+    assert_eq!(utf8_value(&out, "http")?, "200 hello weir!");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    let mut t = hostile(&config, Sandbox::default(), &batch)?;
+    let err = t.process(&batch, &info(1)).expect_err("no grant");
+    assert!(
+        matches!(err, PluginError::Denied { batch_id: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "plugin hostile broke its sandbox in batch 1: HTTP to {address} refused: the plugin has no `capabilities.http` grant"
+        )
+    );
+
+    let elsewhere = Sandbox {
+        http: vec![HttpGrant::parse("127.0.0.1:1").map_err(anyhow::Error::msg)?],
+        ..Sandbox::default()
+    };
+    let mut t = hostile(&config, elsewhere, &batch)?;
+    let err = t.process(&batch, &info(2)).expect_err("not on the list");
+    assert!(
+        err.to_string().contains(&format!(
+            "HTTP to {address} refused: not in its `capabilities.http` allow-list [127.0.0.1:1]"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "a refused request never connects"
+    );
+    Ok(())
+}
+
+#[test]
+fn grants_and_usage_from_the_pipeline_file_reach_the_plugin_and_the_progress_record() -> Result<()>
+{
+    let ws = Workspace::new(2, 50)?;
+    let text = format!(
+        r#"
+[query]
+name = "granted"
+checkpoint = "checkpoints/granted"
+trigger = "available-now"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "{SCHEMA}"
+max_files_per_trigger = 1
+on_malformed = "drop"
+
+[[transform]]
+name = "env_reader"
+plugin = "plugins/hostile.wasm"
+config = {{ mode = "env" }}
+limits = {{ memory = "64 MiB", timeout = "5s", fuel = 1000000000 }}
+capabilities = {{ env = ["WEIR_TEST_GRANTED"] }}
+
+[sink]
+kind = "files"
+path = "out"
+format = "json"
+"#
+    );
+    let file = ws.pipeline("granted.toml", &text)?;
+    let out = std::process::Command::new(EXE)
+        .args(["run", file.to_str().unwrap_or_default(), "--cache-dir"])
+        .arg(cache())
+        .env_remove("WEIR_LOG")
+        .env("WEIR_TEST_GRANTED", "visible")
+        .env("WEIR_TEST_SECRET", "must not leak")
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rows = 0;
+    for entry in std::fs::read_dir(ws.path().join("out"))? {
+        for line in std::fs::read_to_string(entry?.path())?.lines() {
+            let row: serde_json::Value = serde_json::from_str(line)?;
+            assert_eq!(row["env"], "WEIR_TEST_GRANTED=visible", "{line}");
+            rows += 1;
+        }
+    }
+    assert_eq!(rows, ws.orders.lines - ws.orders.malformed);
+
+    let progress = std::fs::read_to_string(ws.path().join("checkpoints/granted/progress.jsonl"))?;
+    let records: Vec<serde_json::Value> = progress
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(records.len(), 2);
+    for record in &records {
+        let plugin = &record["plugins"][0];
+        assert_eq!(plugin["name"], "env_reader", "{record}");
+        assert_eq!(plugin["calls"], 1, "{record}");
+        assert_eq!(plugin["memoryLimitBytes"], 64u64 << 20, "{record}");
+        assert_eq!(plugin["timeoutMs"], 5000, "{record}");
+        assert_eq!(plugin["fuelLimit"], 1_000_000_000u64, "{record}");
+        let peak = plugin["memoryPeakBytes"]
+            .as_u64()
+            .context("memoryPeakBytes")?;
+        assert!(peak > 0 && peak <= 64 << 20, "{record}");
+        let fuel = plugin["fuelConsumed"].as_u64().context("fuelConsumed")?;
+        assert!(fuel > 0 && fuel < 1_000_000_000, "{record}");
+        assert!(
+            plugin["callTimeMs"].as_f64().is_some_and(|ms| ms > 0.0),
+            "{record}"
+        );
+    }
+
+    // A granted variable the host does not have stops the start, named.
+    let out = std::process::Command::new(EXE)
+        .args(["run", file.to_str().unwrap_or_default(), "--cache-dir"])
+        .arg(cache())
+        .env_remove("WEIR_LOG")
+        .env_remove("WEIR_TEST_GRANTED")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "plugin env_reader: environment variable WEIR_TEST_GRANTED is granted but not set on the host"
+        ),
+        "{stderr}"
+    );
     Ok(())
 }

@@ -67,6 +67,14 @@ pub enum PluginError {
         host: PathBuf,
         reason: String,
     },
+    #[error("plugin {plugin}: environment variable {name} is granted but not set on the host")]
+    EnvNotSet { plugin: String, name: String },
+    #[error("plugin {plugin} broke its sandbox in batch {batch_id}: {reason}")]
+    Denied {
+        plugin: String,
+        batch_id: u64,
+        reason: String,
+    },
     #[error("plugin {plugin} rejected its config: {message}")]
     InvalidConfig { plugin: String, message: String },
     #[error("plugin {plugin}: column {column} has type {data_type}, which plugins cannot receive")]
@@ -138,6 +146,8 @@ impl PluginError {
             | Self::Replacement { plugin, .. }
             | Self::Instantiate { plugin, .. }
             | Self::Grant { plugin, .. }
+            | Self::EnvNotSet { plugin, .. }
+            | Self::Denied { plugin, .. }
             | Self::InvalidConfig { plugin, .. }
             | Self::UnsupportedType { plugin, .. }
             | Self::Failed { plugin, .. }

@@ -14,13 +14,17 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use wasmtime::component::{HasSelf, Linker, Resource};
 use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::{sink, stateful_transform, transform, wit};
 use super::convert;
 use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
 use super::error::{PluginError, PluginErrorKind};
+use super::grants::{self, HttpAllowList, HttpGrant, HttpGuard};
+use super::limiter::MemoryLimiter;
+use super::replay::BatchSeed;
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
 
@@ -39,6 +43,10 @@ pub struct Sandbox {
     pub timeout: Duration,
     pub fuel: Option<u64>,
     pub dirs: Vec<DirGrant>,
+    /// Environment variables the plugin sees, with their values; no others.
+    pub env: Vec<(String, String)>,
+    /// Hosts the plugin may send HTTP requests to; empty: no HTTP at all.
+    pub http: Vec<HttpGrant>,
 }
 
 impl Default for Sandbox {
@@ -48,6 +56,8 @@ impl Default for Sandbox {
             timeout: Duration::from_secs(30),
             fuel: None,
             dirs: Vec::new(),
+            env: Vec::new(),
+            http: Vec::new(),
         }
     }
 }
@@ -64,13 +74,32 @@ pub struct PluginOptions {
     pub failpoint: Option<Failpoint>,
 }
 
-/// What a plugin used, for the progress record.
+/// What a plugin used, and the limits it ran under, for the progress record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PluginUsage {
     pub calls: u64,
     pub call_time: Duration,
     pub instantiations: u64,
     pub fuel_consumed: u64,
+    /// The most linear memory any of its instances held (a high-water mark).
+    pub memory_peak_bytes: u64,
+    /// `limits.memory`.
+    pub memory_limit_bytes: u64,
+    /// `limits.timeout`, per call.
+    pub timeout: Duration,
+    /// `limits.fuel`, per call; `None`: not metered.
+    pub fuel_limit: Option<u64>,
+}
+
+impl PluginUsage {
+    fn new(sandbox: &Sandbox) -> Self {
+        Self {
+            memory_limit_bytes: sandbox.memory_bytes,
+            timeout: sandbox.timeout,
+            fuel_limit: sandbox.fuel,
+            ..Self::default()
+        }
+    }
 }
 
 /// Captured guest stderr (panic messages end up here).
@@ -88,9 +117,45 @@ struct Runtime {
     options: PluginOptions,
     name: Arc<str>,
     usage: PluginUsage,
+    allow_http: Arc<HttpAllowList>,
 }
 
 impl Runtime {
+    fn new(engine: &PluginEngine, plugin: LoadedPlugin, options: PluginOptions) -> Self {
+        Self {
+            engine: engine.clone(),
+            plugin,
+            name: options.name.as_str().into(),
+            usage: PluginUsage::new(&options.sandbox),
+            allow_http: Arc::new(HttpAllowList::new(
+                &options.sandbox.http,
+                options.sandbox.timeout,
+            )),
+            options,
+        }
+    }
+
+    /// The WASI (and, when granted, wasi:http) imports every plugin links against.
+    fn linker(&self) -> Result<Linker<HostState>, PluginError> {
+        let mut linker = Linker::<HostState>::new(self.engine.engine());
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| self.err_instantiate(format!("{e:#}")))?;
+        grants::add_http_to_linker(&mut linker)
+            .map_err(|e| self.err_instantiate(format!("{e:#}")))?;
+        Ok(linker)
+    }
+
+    /// Books a finished call: its time, fuel and the memory high-water mark.
+    fn account(&mut self, store: &Store<HostState>, started: Instant, fuel_before: u64) {
+        self.usage.calls += 1;
+        self.usage.call_time += started.elapsed();
+        self.usage.fuel_consumed += fuel_before.saturating_sub(self.fuel_left(store));
+        self.usage.memory_peak_bytes = self
+            .usage
+            .memory_peak_bytes
+            .max(store.data().limits.peak_bytes());
+    }
+
     fn err_instantiate(&self, e: impl std::fmt::Display) -> PluginError {
         PluginError::Instantiate {
             plugin: self.options.name.clone(),
@@ -103,23 +168,14 @@ impl Runtime {
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone());
-        for grant in &sandbox.dirs {
-            let perms = if grant.writable {
-                FsPerms::ReadWrite
-            } else {
-                FsPerms::ReadOnly
-            };
-            wasi.preopened_dir(&grant.host, &grant.guest, perms)
-                .map_err(|e| PluginError::Grant {
-                    plugin: self.options.name.clone(),
-                    host: grant.host.clone(),
-                    reason: format!("{e:#}"),
-                })?;
-        }
+        grants::apply(&self.options.name, sandbox, &mut wasi)?;
+        let seed = BatchSeed::new();
+        seed.install(&mut wasi);
         let limits = StoreLimitsBuilder::new()
             .memory_size(usize::try_from(sandbox.memory_bytes).unwrap_or(usize::MAX))
             .trap_on_grow_failure(true)
             .build();
+        let limits = MemoryLimiter::new(limits);
         let state = HostState {
             wasi: wasi.build(),
             table: wasmtime::component::ResourceTable::new(),
@@ -129,6 +185,9 @@ impl Runtime {
             call: CallState::default(),
             failpoint: self.options.failpoint,
             keyed: None,
+            seed,
+            http: WasiHttpCtx::new(),
+            http_guard: HttpGuard::new(Arc::clone(&self.allow_http), Arc::clone(&self.name)),
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -277,18 +336,9 @@ impl WasmTransform {
         options: PluginOptions,
         input_schema: SchemaRef,
     ) -> Result<Self, PluginError> {
-        let name: Arc<str> = options.name.as_str().into();
         let input_fields = check_input(&options.name, &input_schema)?;
-        let rt = Runtime {
-            engine: engine.clone(),
-            plugin,
-            options,
-            name,
-            usage: PluginUsage::default(),
-        };
-        let mut linker = Linker::<HostState>::new(engine.engine());
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        let rt = Runtime::new(engine, plugin, options);
+        let mut linker = rt.linker()?;
         transform::Transform::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
         // Offered to every transform; only a component that imports it is stateful.
@@ -467,10 +517,18 @@ impl WasmTransform {
         // The guest only borrowed the batch; take it back out of the table.
         let _ = live.store.data_mut().table.delete(resource);
         live.store.data_mut().call.phase = None;
-        self.rt.usage.calls += 1;
-        self.rt.usage.call_time += started.elapsed();
-        self.rt.usage.fuel_consumed +=
-            fuel_before.saturating_sub(live.store.get_fuel().unwrap_or(0));
+        self.rt.account(&live.store, started, fuel_before);
+        if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
+            // Whatever the guest made of the refusal, the batch fails on it.
+            if result.is_err() {
+                self.live = None;
+            }
+            return Err(PluginError::Denied {
+                plugin: self.rt.options.name.clone(),
+                batch_id: info.batch_id,
+                reason,
+            });
+        }
         let output = match result {
             Ok(Ok(output)) => output,
             Ok(Err(e)) => return Err(self.rt.plugin_failure(info.batch_id, e)),
@@ -563,18 +621,9 @@ impl WasmSink {
         options: PluginOptions,
         input_schema: &SchemaRef,
     ) -> Result<Self, PluginError> {
-        let name: Arc<str> = options.name.as_str().into();
         let input_fields = check_input(&options.name, input_schema)?;
-        let rt = Runtime {
-            engine: engine.clone(),
-            plugin,
-            options,
-            name,
-            usage: PluginUsage::default(),
-        };
-        let mut linker = Linker::<HostState>::new(engine.engine());
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        let rt = Runtime::new(engine, plugin, options);
+        let mut linker = rt.linker()?;
         sink::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
         let pre = linker
@@ -687,10 +736,18 @@ impl WasmSink {
         );
         let _ = live.store.data_mut().table.delete(resource);
         live.store.data_mut().call.phase = None;
-        self.rt.usage.calls += 1;
-        self.rt.usage.call_time += started.elapsed();
-        self.rt.usage.fuel_consumed +=
-            fuel_before.saturating_sub(live.store.get_fuel().unwrap_or(0));
+        self.rt.account(&live.store, started, fuel_before);
+        if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
+            // Whatever the guest made of the refusal, the batch fails on it.
+            if result.is_err() {
+                self.live = None;
+            }
+            return Err(PluginError::Denied {
+                plugin: self.rt.options.name.clone(),
+                batch_id: info.batch_id,
+                reason,
+            });
+        }
         match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(self.rt.plugin_failure(info.batch_id, e)),

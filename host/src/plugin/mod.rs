@@ -18,19 +18,26 @@
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
 //! - `reload`: noticing a new build of a running plugin, and which builds may
 //!   replace which.
+//! - `grants`: folders, environment variables and HTTP hosts a plugin may reach.
+//! - `limiter`: the memory limit and its high-water mark.
+//! - `replay`: the batch clock and seeded random source that make replays identical.
 //! - `error`: [`PluginError`].
 
 mod bindings;
 mod convert;
 mod engine;
 mod error;
+mod grants;
 mod instance;
 mod reload;
 mod keyed_state;
+mod limiter;
+mod replay;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
 pub use error::{PluginError, PluginErrorKind};
+pub use grants::{HttpGrant, env_from_host};
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
 pub use state::BatchInfo;

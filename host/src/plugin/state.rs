@@ -1,18 +1,21 @@
 //! What a plugin's `Store` holds, and the host functions a plugin imports:
 //! the batch resource it pulls columns from, logging and deterministic
-//! randomness. Everything here is per instance, so tenants never share state.
+//! randomness (drawn from the store's [`BatchSeed`]). Everything here is per instance, so tenants never share state.
 
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use wasmtime::StoreLimits;
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::transform::weir::plugin::host;
 use super::bindings::wit;
 use super::convert;
+use super::grants::HttpGuard;
+use super::limiter::MemoryLimiter;
+use super::replay::BatchSeed;
 use crate::failpoint::{Failpoint, Phase};
 
 /// What a plugin is told about the batch it is called for.
@@ -38,19 +41,23 @@ pub struct HostBatch {
 pub(crate) struct CallState {
     pub(crate) batch_id: u64,
     pub(crate) phase: Option<Phase>,
-    pub(crate) rng: u64,
 }
 
 pub(crate) struct HostState {
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: MemoryLimiter,
     pub(crate) plugin: Arc<str>,
     pub(crate) stderr: MemoryOutputPipe,
     pub(crate) call: CallState,
     pub(crate) failpoint: Option<Failpoint>,
     /// A stateful transform's keyed state, lent for the length of one call.
     pub(crate) keyed: Option<crate::operator::wasm_state::KeyedState>,
+    /// The batch clock and random stream the store's WASI context reads.
+    pub(crate) seed: Arc<BatchSeed>,
+    pub(crate) http: WasiHttpCtx,
+    /// Where the guest may send HTTP requests, and what it was refused.
+    pub(crate) http_guard: HttpGuard,
 }
 
 impl WasiView for HostState {
@@ -64,16 +71,14 @@ impl WasiView for HostState {
 
 impl HostState {
     /// Prepares per-call state: the batch id for logs and failpoints, and the
-    /// random source seeded from (query id, batch id, partition).
+    /// clock and random source of the batch (see `replay`).
     pub(crate) fn begin_call(&mut self, info: &BatchInfo, phase: Phase) {
-        let mut seed = fnv1a(0xcbf2_9ce4_8422_2325, info.query_id.as_bytes());
-        seed = fnv1a(seed, &info.batch_id.to_le_bytes());
-        seed = fnv1a(seed, &info.partition.to_le_bytes());
+        self.seed.begin(info);
         self.call = CallState {
             batch_id: info.batch_id,
             phase: Some(phase),
-            rng: seed,
         };
+        self.http_guard.denied = None;
     }
 
     pub(super) fn at_host_call(&self) {
@@ -81,24 +86,6 @@ impl HostState {
             Failpoint::check(self.failpoint.as_ref(), phase, self.call.batch_id);
         }
     }
-}
-
-fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
-
-/// splitmix64: tiny, fast, and identical on every platform, which is what a
-/// replayable random source needs.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 impl wit::Host for HostState {}
@@ -160,6 +147,6 @@ impl host::Host for HostState {
     }
 
     fn random_u64(&mut self) -> wasmtime::Result<u64> {
-        Ok(splitmix64(&mut self.call.rng))
+        Ok(self.seed.next_u64())
     }
 }

@@ -60,6 +60,13 @@ pub struct PluginProgress {
     pub call_time_ms: f64,
     pub instantiations: u64,
     pub fuel_consumed: u64,
+    /// The most linear memory the plugin's instances held so far (high-water mark).
+    pub memory_peak_bytes: u64,
+    /// Its limits: `limits.memory`, `limits.timeout` (per call), `limits.fuel` (per call,
+    /// null when not metered).
+    pub memory_limit_bytes: u64,
+    pub timeout_ms: u64,
+    pub fuel_limit: Option<u64>,
 }
 
 impl QueryProgress {

@@ -38,7 +38,7 @@ use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
     BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginFile, PluginOptions,
-    PluginUsage, PoolOptions, Sandbox, WasmSink, WasmTransform,
+    PluginUsage, PoolOptions, Sandbox, WasmSink, WasmTransform, env_from_host,
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
@@ -347,12 +347,7 @@ impl Query {
                 PluginOptions {
                     name: t.name.clone(),
                     config_json: t.config.to_string(),
-                    sandbox: Sandbox {
-                        memory_bytes: t.limits.memory_bytes,
-                        timeout: t.limits.timeout,
-                        fuel: t.limits.fuel,
-                        dirs: Vec::new(),
-                    },
+                    sandbox: sandbox(&t.name, &t.limits, &t.capabilities)?,
                     failpoint: options.failpoint,
                 },
                 Arc::clone(&schema),
@@ -496,21 +491,7 @@ impl Query {
                     PluginOptions {
                         name: p.name.clone(),
                         config_json: p.config.to_string(),
-                        sandbox: Sandbox {
-                            memory_bytes: p.limits.memory_bytes,
-                            timeout: p.limits.timeout,
-                            fuel: p.limits.fuel,
-                            dirs: p
-                                .capabilities
-                                .dirs
-                                .iter()
-                                .map(|d| DirGrant {
-                                    host: d.host.clone(),
-                                    guest: d.guest.clone(),
-                                    writable: d.writable,
-                                })
-                                .collect(),
-                        },
+                        sandbox: sandbox(&p.name, &p.limits, &p.capabilities)?,
                         failpoint: options.failpoint,
                     },
                     &schema,
@@ -1032,6 +1013,10 @@ impl Query {
                             * 1000.0,
                         instantiations: after.instantiations - before.instantiations,
                         fuel_consumed: after.fuel_consumed - before.fuel_consumed,
+                        memory_peak_bytes: after.memory_peak_bytes,
+                        memory_limit_bytes: after.memory_limit_bytes,
+                        timeout_ms: millis(after.timeout),
+                        fuel_limit: after.fuel_limit,
                     }
                 })
                 .collect(),
@@ -1181,6 +1166,31 @@ fn per_source_watermarks(entry: &OffsetEntry, sources: usize) -> Vec<i64> {
     } else {
         vec![entry.batch_watermark_ms; sources]
     }
+}
+
+/// The sandbox of plugin `name` as the pipeline file sets it; granted
+/// environment variables are read from the host now.
+fn sandbox(
+    name: &str,
+    limits: &spec::PluginLimits,
+    capabilities: &spec::Capabilities,
+) -> Result<Sandbox, PluginError> {
+    Ok(Sandbox {
+        memory_bytes: limits.memory_bytes,
+        timeout: limits.timeout,
+        fuel: limits.fuel,
+        dirs: capabilities
+            .dirs
+            .iter()
+            .map(|d| DirGrant {
+                host: d.host.clone(),
+                guest: d.guest.clone(),
+                writable: d.writable,
+            })
+            .collect(),
+        env: env_from_host(name, &capabilities.env)?,
+        http: capabilities.http.clone(),
+    })
 }
 
 fn schema_text(schema: &SchemaRef) -> String {

@@ -28,6 +28,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::plugin::HttpGrant;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
@@ -296,6 +297,8 @@ pub struct TransformSpec {
     /// `sha256`: the content hash the plugin file must have (lower-case hex),
     /// checked when the query starts and when a new build is loaded.
     pub sha256: Option<String>,
+    /// `capabilities`: what the sandbox grants beyond nothing.
+    pub capabilities: Capabilities,
 }
 
 /// Resource limits of a plugin instance (`limits = { memory, timeout, fuel }`).
@@ -425,6 +428,12 @@ pub struct PluginSinkSpec {
 pub struct Capabilities {
     /// `dirs`: host folders preopened in the guest.
     pub dirs: Vec<DirGrant>,
+    /// `env`: names of the host's environment variables the plugin sees (with the values they
+    /// have when the query starts); no others.
+    pub env: Vec<String>,
+    /// `http`: hosts the plugin may send HTTP requests to (`"host"`: any port, `"host:port"`:
+    /// that port); empty: no HTTP.
+    pub http: Vec<HttpGrant>,
 }
 
 /// One `{ host, guest, writable }` entry of `capabilities.dirs`.

@@ -110,6 +110,7 @@ pub(super) struct RawTransform {
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub sha256: Option<String>,
+    pub capabilities: Option<RawCapabilities>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -152,6 +153,10 @@ pub(super) struct RawSink {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCapabilities {
     pub dirs: Option<Vec<RawDirGrant>>,
+    /// Names of host environment variables the plugin may read.
+    pub env: Option<Vec<String>>,
+    /// Hosts (`host` or `host:port`) the plugin may send HTTP requests to.
+    pub http: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -136,6 +136,7 @@ fn example_round_trips_to_the_expected_pipeline() {
                 fuel: Some(1_000_000_000),
             },
             sha256: None,
+            capabilities: Capabilities::default(),
         }],
         watermark: None,
         aggregate: None,
@@ -618,7 +619,7 @@ kind = "plugin"
 plugin = "sinks/jsonl_sink.wasm"
 config = { prefix = "batch", nested = { list = [1, 2.5, true, "x"] }, when = 2024-01-02T03:04:05Z }
 limits = { memory = 1048576, timeout = "1 minute" }
-capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { host = "/etc/ref", guest = "/ref" } ] }
+capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { host = "/etc/ref", guest = "/ref" } ], env = ["API_TOKEN"], http = ["127.0.0.1:8080", "API.example.com"] }
 "#;
     let text = MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
     let p = parse_in(dir.path(), &text, &[]).unwrap();
@@ -648,6 +649,17 @@ capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { h
                     writable: false,
                 },
             ],
+            env: vec!["API_TOKEN".into()],
+            http: vec![
+                HttpGrant {
+                    host: "127.0.0.1".into(),
+                    port: Some(8080),
+                },
+                HttpGrant {
+                    host: "api.example.com".into(),
+                    port: None,
+                },
+            ],
         },
         sha256: None,
     });
@@ -659,7 +671,7 @@ name = ""
 plugin = "sinks"
 config = { x = nan }
 limits = { memory = "5 GiB", timeout = "0s", extra = 1 }
-capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { host = "b", guest = "/a", mode = "rw" } ], http = ["x"] }
+capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { host = "b", guest = "/a", mode = "rw" } ], http = ["http://x", "x:0"], env = ["A=B", "C", "C"], net = true }
 "#;
     std::fs::create_dir_all(dir.path().join("sinks.wasm")).unwrap();
     let text = MINIMAL.replace(
@@ -675,8 +687,8 @@ capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { h
                 "unknown key (known keys: host, guest, writable)".into()
             ),
             (
-                "sink.capabilities.http".into(),
-                "unknown key (known keys: dirs)".into()
+                "sink.capabilities.net".into(),
+                "unknown key (known keys: dirs, env, http)".into()
             ),
             (
                 "sink.limits.extra".into(),
@@ -716,6 +728,22 @@ capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { h
             (
                 "sink.capabilities.dirs[2].guest".into(),
                 "\"/a\" is granted twice (also dirs[1])".into()
+            ),
+            (
+                "sink.capabilities.env[0]".into(),
+                "\"A=B\" is not an environment variable name".into()
+            ),
+            (
+                "sink.capabilities.env[2]".into(),
+                "\"C\" is granted twice (also env[1])".into()
+            ),
+            (
+                "sink.capabilities.http[0]".into(),
+                "\"http://x\" is not a host to allow: write the host without a scheme, e.g. \"api.example.com:8080\"".into()
+            ),
+            (
+                "sink.capabilities.http[1]".into(),
+                "\"x:0\" is not a host to allow: the port must be a number from 1 to 65535".into()
             ),
         ] as Vec<(String, String)>
     );

@@ -26,8 +26,8 @@ use super::{
 };
 use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
-    DirGrant, FilesSourceSpec, InputFormat, OnMalformed, OutputFormat, OutputMode, Pipeline,
-    PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
+    DirGrant, FilesSourceSpec, HttpGrant, InputFormat, OnMalformed, OutputFormat, OutputMode,
+    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
     TransformSpec, Trigger,
 };
 
@@ -830,12 +830,14 @@ fn transform(
     let config = config(c, &key("config"), t.config);
     let limits = limits(c, &key("limits"), t.limits);
     let sha256 = sha256(c, &key("sha256"), t.sha256);
+    let capabilities = capabilities(c, &key("capabilities"), t.capabilities, base);
     Some(TransformSpec {
         name: name?,
         plugin: plugin?,
         config: config?,
         limits: limits?,
         sha256: sha256?,
+        capabilities: capabilities?,
     })
 }
 
@@ -1165,7 +1167,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
             let config = config(c, "sink.config", s.config);
             let limits = limits(c, "sink.limits", s.limits);
-            let capabilities = capabilities(c, s.capabilities, base);
+            let capabilities = capabilities(c, "sink.capabilities", s.capabilities, base);
             let sha256 = sha256(c, "sink.sha256", s.sha256);
             Some(SinkSpec::Plugin(PluginSinkSpec {
                 name: name?,
@@ -1275,15 +1277,17 @@ fn delta_sink(
 
 fn capabilities(
     c: &mut Collector,
+    path: &str,
     raw: Option<RawCapabilities>,
     base: &Path,
 ) -> Option<Capabilities> {
-    let dirs = raw.and_then(|r| r.dirs).unwrap_or_default();
+    let raw = raw.unwrap_or_default();
+    let dirs = raw.dirs.unwrap_or_default();
     let mut grants = Vec::new();
     let mut ok = true;
     let mut guests: HashMap<String, usize> = HashMap::new();
     for (i, dir) in dirs.into_iter().enumerate() {
-        let label = format!("sink.capabilities.dirs[{i}]");
+        let label = format!("{path}.dirs[{i}]");
         let host = c.path(&format!("{label}.host"), dir.host, base);
         let guest_path = format!("{label}.guest");
         let guest = c.required(&guest_path, dir.guest).and_then(|guest| {
@@ -1316,5 +1320,45 @@ fn capabilities(
             _ => ok = false,
         }
     }
-    ok.then_some(Capabilities { dirs: grants })
+    let mut env: Vec<String> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, name) in raw.env.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("{path}.env[{i}]");
+        if name.is_empty() || name.contains(['=', '\0']) {
+            c.push(
+                &key,
+                format!("{name:?} is not an environment variable name"),
+            );
+            ok = false;
+        } else if let Some(first) = seen.get(&name) {
+            c.push(
+                &key,
+                format!("{name:?} is granted twice (also env[{first}])"),
+            );
+            ok = false;
+        } else {
+            seen.insert(name.clone(), i);
+            env.push(name);
+        }
+    }
+    let mut http: Vec<HttpGrant> = Vec::new();
+    for (i, entry) in raw.http.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("{path}.http[{i}]");
+        match HttpGrant::parse(&entry) {
+            Ok(grant) if http.contains(&grant) => {
+                c.push(&key, format!("{entry:?} is granted twice"));
+                ok = false;
+            }
+            Ok(grant) => http.push(grant),
+            Err(err) => {
+                c.push(&key, err);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(Capabilities {
+        dirs: grants,
+        env,
+        http,
+    })
 }

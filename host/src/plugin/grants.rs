@@ -1,0 +1,306 @@
+//! What a plugin may reach beyond its sandbox: each grant is named in the
+//! pipeline file (`capabilities = { dirs, env, http }`), and nothing else is
+//! reachable. Folders are WASI preopens; environment variables are copied by
+//! name, so the host's other variables (credentials, paths) stay invisible;
+//! outgoing HTTP goes through `wasi:http`, where the host checks every
+//! request's authority against the plugin's allow-list before connecting.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::Linker;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::{
+    Error as HttpError, RequestOptions, WasiBody, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
+
+use super::error::PluginError;
+use super::instance::Sandbox;
+use super::state::HostState;
+
+/// One `capabilities.http` entry: a host, and optionally the one port allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpGrant {
+    /// A host name or IP address, lower case (IPv6 without brackets).
+    pub host: String,
+    /// `None`: any port of `host`.
+    pub port: Option<u16>,
+}
+
+impl HttpGrant {
+    /// Reads `"host"`, `"host:port"` or `"[v6]:port"`.
+    ///
+    /// # Errors
+    /// A message saying what is wrong with `text`, for the pipeline file's problem list.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let not = |why: &str| format!("{text:?} is not a host to allow: {why}");
+        if text.contains("://") {
+            return Err(not(
+                "write the host without a scheme, e.g. \"api.example.com:8080\"",
+            ));
+        }
+        if text.contains(['/', '?', '#', '@']) || text.chars().any(char::is_whitespace) {
+            return Err(not("write only the host and an optional port, no path"));
+        }
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let Some((host, after)) = rest.split_once(']') else {
+                return Err(not("an IPv6 address needs its closing \"]\""));
+            };
+            match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None if after.is_empty() => (host, None),
+                None => return Err(not("expected \":port\" after \"]\"")),
+            }
+        } else {
+            match text.rsplit_once(':') {
+                Some((_, _)) if text.matches(':').count() > 1 => {
+                    return Err(not("write an IPv6 address as \"[addr]:port\""));
+                }
+                Some((host, port)) => (host, Some(port)),
+                None => (text, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(not("the host is empty"));
+        }
+        let port = match port {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => return Err(not("the port must be a number from 1 to 65535")),
+            },
+        };
+        Ok(Self {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    fn allows(&self, host: &str, port: u16) -> bool {
+        self.host.eq_ignore_ascii_case(host) && self.port.is_none_or(|p| p == port)
+    }
+}
+
+impl std::fmt::Display for HttpGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match self.port {
+            Some(port) => write!(f, "{host}:{port}"),
+            None => f.write_str(&host),
+        }
+    }
+}
+
+/// The hosts one plugin may send HTTP requests to, and how long a request may take.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HttpAllowList {
+    grants: Vec<HttpGrant>,
+    /// The plugin's per-call deadline. The epoch deadline cannot interrupt the
+    /// host while it waits for a response, so the request's own timeouts are
+    /// capped at it instead.
+    timeout: Duration,
+}
+
+impl HttpAllowList {
+    pub(crate) fn new(grants: &[HttpGrant], timeout: Duration) -> Self {
+        Self {
+            grants: grants.to_vec(),
+            timeout,
+        }
+    }
+
+    /// Why a request to `host:port` is refused, or `None` when it is allowed.
+    pub(crate) fn refusal(&self, host: &str, port: u16) -> Option<String> {
+        if self.grants.iter().any(|g| g.allows(host, port)) {
+            return None;
+        }
+        Some(if self.grants.is_empty() {
+            format!("HTTP to {host}:{port} refused: the plugin has no `capabilities.http` grant")
+        } else {
+            let allowed: Vec<String> = self.grants.iter().map(ToString::to_string).collect();
+            format!(
+                "HTTP to {host}:{port} refused: not in its `capabilities.http` allow-list [{}]",
+                allowed.join(", ")
+            )
+        })
+    }
+}
+
+/// Links wasi:http for every plugin: a guest that imports it can start
+/// without a grant, and its requests are refused one by one (with an error
+/// naming the host) rather than the whole plugin failing to link.
+pub(crate) fn add_http_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    wasmtime_wasi_http::p2::add_only_http_to_linker_sync(linker)
+}
+
+/// What wasi:http's `send_request` hook resolves to: the response and the
+/// future that finishes its connection.
+type SendResult = Result<
+    (
+        http::Response<WasiBody>,
+        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ),
+    HttpError,
+>;
+
+/// The store's wasi:http hooks: the allow-list, and the refusal of the call
+/// in progress (hooks are a field of their own, so they cannot reach the rest
+/// of the store).
+pub(crate) struct HttpGuard {
+    allow: Arc<HttpAllowList>,
+    plugin: Arc<str>,
+    /// The first refused request of the current call.
+    pub(crate) denied: Option<String>,
+}
+
+impl HttpGuard {
+    pub(crate) fn new(allow: Arc<HttpAllowList>, plugin: Arc<str>) -> Self {
+        Self {
+            allow,
+            plugin,
+            denied: None,
+        }
+    }
+}
+
+impl WasiHttpHooks for HttpGuard {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let uri = request.uri();
+        let host = uri.host().unwrap_or_default();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let tls = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        if let Some(reason) = self.allow.refusal(host, port) {
+            tracing::warn!(plugin = &*self.plugin, "{reason}");
+            self.denied.get_or_insert(reason);
+            let refused: SendResult = Err(HttpError::HttpRequestDenied);
+            return Box::new(async move { refused });
+        }
+        // The epoch deadline cannot interrupt the host while it waits for a
+        // response, so no wait may outlast the call's deadline.
+        let limit = self.allow.timeout;
+        let options = options.unwrap_or_default();
+        let cap = |t: Option<Duration>| Some(t.map_or(limit, |t| t.min(limit)));
+        let options = RequestOptions {
+            connect_timeout: cap(options.connect_timeout),
+            first_byte_timeout: cap(options.first_byte_timeout),
+            between_bytes_timeout: cap(options.between_bytes_timeout),
+        };
+        // wasmtime's own sending, under the capped timeouts.
+        DefaultSend.send_request(request, Some(options), fut)
+    }
+}
+
+/// wasi:http's default hooks (its `send_request` connects over tokio).
+struct DefaultSend;
+
+impl WasiHttpHooks for DefaultSend {}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_guard,
+        }
+    }
+}
+
+/// Preopens the granted folders and copies the granted variables into `wasi`.
+///
+/// # Errors
+/// [`PluginError::Grant`] when a folder cannot be opened.
+pub(crate) fn apply(
+    plugin: &str,
+    sandbox: &Sandbox,
+    wasi: &mut WasiCtxBuilder,
+) -> Result<(), PluginError> {
+    for grant in &sandbox.dirs {
+        let perms = if grant.writable {
+            FsPerms::ReadWrite
+        } else {
+            FsPerms::ReadOnly
+        };
+        wasi.preopened_dir(&grant.host, &grant.guest, perms)
+            .map_err(|e| PluginError::Grant {
+                plugin: plugin.to_owned(),
+                host: grant.host.clone(),
+                reason: format!("{e:#}"),
+            })?;
+    }
+    for (name, value) in &sandbox.env {
+        wasi.env(name, value);
+    }
+    Ok(())
+}
+
+/// The values of the granted variables `names`, read from the host's
+/// environment when the plugin starts.
+///
+/// # Errors
+/// [`PluginError::EnvNotSet`] for the first name the host does not have (a
+/// grant of a missing variable is a deployment mistake, better found at start
+/// than as a plugin that silently sees nothing).
+pub fn env_from_host(plugin: &str, names: &[String]) -> Result<Vec<(String, String)>, PluginError> {
+    names
+        .iter()
+        .map(|name| match std::env::var(name) {
+            Ok(value) => Ok((name.clone(), value)),
+            Err(_) => Err(PluginError::EnvNotSet {
+                plugin: plugin.to_owned(),
+                name: name.clone(),
+            }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_grants_parse_and_match() {
+        let g = HttpGrant::parse("API.example.com:8080").unwrap();
+        assert_eq!(g.host, "api.example.com");
+        assert_eq!(g.port, Some(8080));
+        assert!(g.allows("api.example.com", 8080));
+        assert!(!g.allows("api.example.com", 80));
+        let any = HttpGrant::parse("127.0.0.1").unwrap();
+        assert!(any.allows("127.0.0.1", 1234));
+        assert!(!any.allows("127.0.0.2", 1234));
+        let v6 = HttpGrant::parse("[::1]:99").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", Some(99)));
+        assert_eq!(v6.to_string(), "[::1]:99");
+        for bad in ["http://x", "x/y", "", ":80", "x:0", "x:y", "::1", "[::1"] {
+            assert!(HttpGrant::parse(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn the_allow_list_says_why_it_refuses() {
+        let none = HttpAllowList::new(&[], Duration::from_secs(1));
+        let why = none.refusal("127.0.0.1", 80).unwrap();
+        assert!(why.contains("no `capabilities.http` grant"), "{why}");
+        let list = HttpAllowList::new(
+            &[HttpGrant::parse("a.test:1").unwrap()],
+            Duration::from_secs(1),
+        );
+        assert!(list.refusal("a.test", 1).is_none());
+        let why = list.refusal("b.test", 1).unwrap();
+        assert!(why.contains("HTTP to b.test:1 refused"), "{why}");
+        assert!(why.contains("[a.test:1]"), "{why}");
+    }
+}
