@@ -398,6 +398,14 @@ impl WasmTransform {
             Ok(new) => new,
             Err(e) => return Err(refused(&plugin, e.to_string())),
         };
+        if new.stateful != self.stateful {
+            let reason = if self.stateful {
+                "the running build keeps keyed state (imports `keyed-state`) and this one does not"
+            } else {
+                "this build keeps keyed state (imports `keyed-state`) and the running one does not: start a new checkpoint"
+            };
+            return Err(refused(&plugin, reason.to_owned()));
+        }
         let projection = super::reload::check_output(&self.output_schema, &new.declared_schema)
             .map_err(|reason| refused(&plugin, reason))?;
         let identity = projection.len() == new.declared_schema.fields().len()
