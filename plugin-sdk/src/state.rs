@@ -75,13 +75,15 @@ pub(crate) mod imp {
     use std::cell::{Cell, RefCell};
     use std::collections::BTreeMap;
 
+    /// A value and its expiry (µs).
+    type Entry = (Vec<u8>, Option<i64>);
+
     thread_local! {
-        static ENTRIES: RefCell<BTreeMap<Vec<u8>, (Vec<u8>, Option<i64>)>> =
-            const { RefCell::new(BTreeMap::new()) };
+        static ENTRIES: RefCell<BTreeMap<Vec<u8>, Entry>> = const { RefCell::new(BTreeMap::new()) };
         static WATERMARK: Cell<i64> = const { Cell::new(0) };
     }
 
-    fn live(entry: &(Vec<u8>, Option<i64>)) -> bool {
+    fn live(entry: &Entry) -> bool {
         entry.1.is_none_or(|at| at > WATERMARK.get())
     }
 
@@ -130,11 +132,10 @@ mod tests {
         imp::clear();
         put(b"a", b"1");
         put_expiring(b"b", b"2", 100);
-        assert_eq!(get_many(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]), [
-            Some(b"1".to_vec()),
-            Some(b"2".to_vec()),
-            None
-        ]);
+        assert_eq!(
+            get_many(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]),
+            [Some(b"1".to_vec()), Some(b"2".to_vec()), None]
+        );
         imp::set_watermark(100);
         assert_eq!(get(b"b"), None);
         assert_eq!(imp::len(), 1);

@@ -17,7 +17,8 @@ fn cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
 }
 
-const SCHEMA: &str = "order_id BIGINT, customer_id BIGINT, amount DECIMAL(12,2), occurred_at TIMESTAMP";
+const SCHEMA: &str =
+    "order_id BIGINT, customer_id BIGINT, amount DECIMAL(12,2), occurred_at TIMESTAMP";
 
 /// One order: (order id, customer, cents, event time as RFC 3339).
 type Order = (u64, i64, i64, String);
@@ -115,7 +116,13 @@ fn output(dir: &Path) -> Result<Vec<(u64, u64, i64, i64, i64)>> {
     let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| {
             let path = e.ok()?.path();
-            let batch = path.file_stem()?.to_str()?.parse().ok()?;
+            // `batch-<id>.json`, one file per batch.
+            let batch = path
+                .file_stem()?
+                .to_str()?
+                .strip_prefix("batch-")?
+                .parse()
+                .ok()?;
             Some((batch, path))
         })
         .collect();
@@ -151,18 +158,28 @@ fn state_progress(checkpoint: &Path) -> Result<Vec<Value>> {
 /// each customer's last total is the sum of all its amounts in the input.
 fn check_totals(rows: &[(u64, u64, i64, i64, i64)], input: &[Vec<Order>]) -> Result<()> {
     let expected_rows: usize = input.iter().map(Vec::len).sum();
-    ensure!(rows.len() == expected_rows, "{} rows, expected {expected_rows}", rows.len());
+    ensure!(
+        rows.len() == expected_rows,
+        "{} rows, expected {expected_rows}",
+        rows.len()
+    );
     let mut running: BTreeMap<i64, i64> = BTreeMap::new();
     for &(batch, order, customer, amount, total) in rows {
         let t = running.entry(customer).or_insert(0);
         *t += amount;
-        ensure!(total == *t, "batch {batch}, order {order}: total {total}, expected {t}");
+        ensure!(
+            total == *t,
+            "batch {batch}, order {order}: total {total}, expected {t}"
+        );
     }
     let mut sums: BTreeMap<i64, i64> = BTreeMap::new();
     for (_, c, cents, _) in input.iter().flatten() {
         *sums.entry(*c).or_insert(0) += cents;
     }
-    ensure!(running == sums, "final totals {running:?}, input sums {sums:?}");
+    ensure!(
+        running == sums,
+        "final totals {running:?}, input sums {sums:?}"
+    );
     Ok(())
 }
 
@@ -183,13 +200,25 @@ fn running_totals_carry_across_batches_in_both_state_stores() -> Result<()> {
         for p in &progress {
             assert_eq!(p["operatorName"], "transformWithState", "{store}");
             assert_eq!(p["numRowsTotal"], 5, "five customers, one key each: {p}");
-            assert_eq!(p["numRowsUpdated"], 5, "one put per customer per batch: {p}");
+            assert_eq!(
+                p["numRowsUpdated"], 5,
+                "one put per customer per batch: {p}"
+            );
             assert_eq!(p["numStateStoreInstances"], 2, "state_partitions' default");
         }
         // Versioned by batch id, in the transform's own folder.
-        let state = ws.path().join(format!("checkpoints/{store}/state/transform-0"));
-        assert!(state.join("0").is_dir() && state.join("1").is_dir(), "{store}");
-        assert!(!ws.path().join(format!("checkpoints/{store}/state/0")).exists());
+        let state = ws
+            .path()
+            .join(format!("checkpoints/{store}/state/transform-0"));
+        assert!(
+            state.join("0").is_dir() && state.join("1").is_dir(),
+            "{store}"
+        );
+        assert!(
+            !ws.path()
+                .join(format!("checkpoints/{store}/state/0"))
+                .exists()
+        );
     }
     Ok(())
 }
@@ -207,7 +236,8 @@ fn a_restart_mid_stream_gives_the_output_of_an_uninterrupted_run() -> Result<()>
 
         // The same input arriving in two parts, with a stop in between.
         let parts = ws.path().join("parts");
-        let text = pipeline("parts", store, TOTALS, "").replace("path = \"data\"", "path = \"parts\"");
+        let text =
+            pipeline("parts", store, TOTALS, "").replace("path = \"data\"", "path = \"parts\"");
         for (i, file) in input.iter().enumerate().take(2) {
             write_file(&parts, i, file)?;
         }
@@ -241,9 +271,17 @@ fn a_crash_in_any_phase_recovers_the_exact_totals() -> Result<()> {
         run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
         let checkpoint = ws.path().join("checkpoints").join(&tag);
         assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        assert_eq!(log_ids(&checkpoint.join("offsets"))?, vec![0, 1, 2], "{phase}");
+        assert_eq!(
+            log_ids(&checkpoint.join("offsets"))?,
+            vec![0, 1, 2],
+            "{phase}"
+        );
         run_ok(EXE, &cache(), &file, &[])?;
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1, 2, 3], "{phase}");
+        assert_eq!(
+            log_ids(&checkpoint.join("commits"))?,
+            vec![0, 1, 2, 3],
+            "{phase}"
+        );
         assert_eq!(
             output(&ws.path().join("out").join(&tag))?,
             reference,
@@ -281,7 +319,14 @@ fn totals_expire_when_the_watermark_passes_them() -> Result<()> {
         .collect();
     assert_eq!(
         totals,
-        [(0, 1, 100), (0, 2, 200), (1, 3, 200), (2, 4, 500), (3, 5, 300), (3, 6, 100)]
+        [
+            (0, 1, 100),
+            (0, 2, 200),
+            (1, 3, 200),
+            (2, 4, 500),
+            (3, 5, 300),
+            (3, 6, 100)
+        ]
     );
     let progress = state_progress(&ws.path().join("checkpoints/expiry"))?;
     let figures: Vec<(u64, u64)> = progress
@@ -305,10 +350,15 @@ fn removing_a_stateful_transform_on_restart_is_refused() -> Result<()> {
     let stateful = pipeline("change", "memory", TOTALS, "");
     run(ws.path(), &stateful)?;
     write_file(&ws.path().join("data"), 1, &input[1])?;
-    let without = stateful.replace(
-        "[[transform]]\nname = \"running_total\"\nplugin = \"plugins/running_total.wasm\"",
-        "[[transform]]\nname = \"keep_all\"\nplugin = \"plugins/filter_rows.wasm\"",
-    ).replace(&format!("config = {TOTALS}"), "config = { column = \"order_id\", op = \"ge\", value = 0 }");
+    let without = stateful
+        .replace(
+            "[[transform]]\nname = \"running_total\"\nplugin = \"plugins/running_total.wasm\"",
+            "[[transform]]\nname = \"keep_all\"\nplugin = \"plugins/filter_rows.wasm\"",
+        )
+        .replace(
+            &format!("config = {TOTALS}"),
+            "config = { column = \"order_id\", op = \"ge\", value = 0 }",
+        );
     let e = run(ws.path(), &without).expect_err("the stateful transform was removed");
     let message = format!("{e:#}");
     assert!(message.contains("the stateful transforms"), "{message}");

@@ -63,14 +63,32 @@ impl Transform for RunningTotal {
     fn new(config: Config, input: &Schema) -> Result<Self, PluginError> {
         match input.field(&config.key).map(|f| f.data_type) {
             Some(DataType::Int64 | DataType::Utf8) => {}
-            Some(t) => return Err(invalid(format!("key column `{}` is {t}, not int64 or utf8", config.key))),
+            Some(t) => {
+                return Err(invalid(format!(
+                    "key column `{}` is {t}, not int64 or utf8",
+                    config.key
+                )));
+            }
             None => return Err(invalid(format!("the input has no column `{}`", config.key))),
         }
         let output = match input.field(&config.value).map(|f| f.data_type) {
             Some(DataType::Int64) => DataType::Int64,
-            Some(DataType::Decimal128 { scale, .. }) => DataType::Decimal128 { precision: 38, scale },
-            Some(t) => return Err(invalid(format!("value column `{}` is {t}, not int64 or decimal", config.value))),
-            None => return Err(invalid(format!("the input has no column `{}`", config.value))),
+            Some(DataType::Decimal128 { scale, .. }) => DataType::Decimal128 {
+                precision: 38,
+                scale,
+            },
+            Some(t) => {
+                return Err(invalid(format!(
+                    "value column `{}` is {t}, not int64 or decimal",
+                    config.value
+                )));
+            }
+            None => {
+                return Err(invalid(format!(
+                    "the input has no column `{}`",
+                    config.value
+                )));
+            }
         };
         match (&config.event_time, config.expire_after_ms) {
             (None, Some(_)) => {
@@ -85,7 +103,11 @@ impl Transform for RunningTotal {
             }
             (Some(column), _) => match input.field(column).map(|f| f.data_type) {
                 Some(DataType::TimestampMicros) => {}
-                Some(t) => return Err(invalid(format!("event_time column `{column}` is {t}, not a timestamp"))),
+                Some(t) => {
+                    return Err(invalid(format!(
+                        "event_time column `{column}` is {t}, not a timestamp"
+                    )));
+                }
                 None => return Err(invalid(format!("the input has no column `{column}`"))),
             },
             (None, None) => {}
@@ -145,7 +167,10 @@ impl Transform for RunningTotal {
                 out.push(0);
                 continue;
             };
-            let add = values.i64(row).map(i128::from).or_else(|| values.decimal(row));
+            let add = values
+                .i64(row)
+                .map(i128::from)
+                .or_else(|| values.decimal(row));
             totals[slot] = totals[slot].saturating_add(add.unwrap_or(0));
             out.push(totals[slot]);
             if let Some(t) = event_time.as_ref().and_then(|c| c.timestamp_micros_at(row)) {
@@ -209,7 +234,13 @@ mod tests {
     fn totals(config: &str, input: &MemoryBatch) -> Vec<Option<i128>> {
         let out = run_transform::<RunningTotal>(config, input).unwrap();
         let c = out.column("running_total").unwrap();
-        assert_eq!(c.data_type, DataType::Decimal128 { precision: 38, scale: 2 });
+        assert_eq!(
+            c.data_type,
+            DataType::Decimal128 {
+                precision: 38,
+                scale: 2
+            }
+        );
         (0..out.num_rows()).map(|i| c.decimal(i)).collect()
     }
 
@@ -218,8 +249,15 @@ mod tests {
     #[test]
     fn totals_run_on_across_batches() {
         reset_state();
-        let first = batch(&[Some(1), Some(2), Some(1), None], &[100, 5, 250, 7], &[0; 4]);
-        assert_eq!(totals(CONFIG, &first), [Some(100), Some(5), Some(350), None]);
+        let first = batch(
+            &[Some(1), Some(2), Some(1), None],
+            &[100, 5, 250, 7],
+            &[0; 4],
+        );
+        assert_eq!(
+            totals(CONFIG, &first),
+            [Some(100), Some(5), Some(350), None]
+        );
         let second = batch(&[Some(2), Some(1)], &[10, 1], &[0; 2]);
         assert_eq!(totals(CONFIG, &second), [Some(15), Some(351)]);
         assert_eq!(state_len(), 2);
@@ -229,13 +267,22 @@ mod tests {
     fn totals_expire_after_the_watermark_passes_the_last_event() {
         reset_state();
         let config = r#"{"key":"customer_id","value":"amount","event_time":"occurred_at","expire_after_ms":10}"#;
-        assert_eq!(totals(config, &batch(&[Some(1)], &[100], &[1_000])), [Some(100)]);
+        assert_eq!(
+            totals(config, &batch(&[Some(1)], &[100], &[1_000])),
+            [Some(100)]
+        );
         set_state_watermark(10_999);
-        assert_eq!(totals(config, &batch(&[Some(1)], &[1], &[2_000])), [Some(101)]);
+        assert_eq!(
+            totals(config, &batch(&[Some(1)], &[1], &[2_000])),
+            [Some(101)]
+        );
         // Now due at 12 000 µs.
         set_state_watermark(12_000);
         assert_eq!(state_len(), 0);
-        assert_eq!(totals(config, &batch(&[Some(1)], &[1], &[20_000])), [Some(1)]);
+        assert_eq!(
+            totals(config, &batch(&[Some(1)], &[1], &[20_000])),
+            [Some(1)]
+        );
     }
 
     #[test]
@@ -244,12 +291,18 @@ mod tests {
         let input = batch(&[Some(1)], &[1], &[0]);
         let e = run_transform::<RunningTotal>(r#"{"key":"amount","value":"amount"}"#, &input)
             .unwrap_err();
-        assert_eq!(e.message, "running_total: key column `amount` is decimal128(12, 2), not int64 or utf8");
+        assert_eq!(
+            e.message,
+            "running_total: key column `amount` is decimal128(12, 2), not int64 or utf8"
+        );
         let e = run_transform::<RunningTotal>(
             r#"{"key":"customer_id","value":"amount","expire_after_ms":5}"#,
             &input,
         )
         .unwrap_err();
-        assert!(e.message.contains("expire_after_ms needs event_time"), "{e}");
+        assert!(
+            e.message.contains("expire_after_ms needs event_time"),
+            "{e}"
+        );
     }
 }
