@@ -51,8 +51,14 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn exist(&self, keys: &[&[u8]]) -> Result<Vec<bool>, StateError> {
-        Ok(keys.iter().map(|k| self.map.contains_key(*k)).collect())
+    fn exist(
+        &self,
+        keys: &[&[u8]],
+        _sorted: bool,
+        found: &mut Vec<bool>,
+    ) -> Result<(), StateError> {
+        found.extend(keys.iter().map(|k| self.map.contains_key(*k)));
+        Ok(())
     }
 
     fn apply<'a>(

@@ -135,8 +135,9 @@ trait Backend: Send + std::fmt::Debug {
     fn contains(&self, key: &[u8]) -> Result<bool, StateError>;
     /// Entries with `start <= key < end` in key order until `f` returns false.
     fn scan(&self, start: &[u8], end: Option<&[u8]>, f: &mut ScanFn<'_>) -> Result<(), StateError>;
-    #[allow(dead_code)]
-    fn exist(&self, keys: &[&[u8]]) -> Result<Vec<bool>, StateError>;
+    /// Appends to `found` whether each of `keys` is present; `sorted` when
+    /// the keys ascend bytewise (lets RocksDB skip sorting them).
+    fn exist(&self, keys: &[&[u8]], sorted: bool, found: &mut Vec<bool>) -> Result<(), StateError>;
     /// Applies puts (`Some`) and deletes (`None`) in order.
     fn apply<'a>(
         &mut self,
@@ -386,6 +387,49 @@ impl StateStore {
         Ok(hit)
     }
 
+    /// Replaces `found` with whether each of `keys` is in the state,
+    /// including this batch's writes: one batched lookup instead of one per
+    /// key. `sorted` when the keys ascend bytewise (RocksDB then skips
+    /// sorting them). Keys found absent can be stored with [`Self::put_new`].
+    ///
+    /// # Errors
+    /// When the backend cannot be read.
+    pub fn contains_many(
+        &self,
+        keys: &[&[u8]],
+        sorted: bool,
+        found: &mut Vec<bool>,
+    ) -> Result<(), StateError> {
+        self.ensure_ready();
+        found.clear();
+        self.probe_hit.set(None);
+        if self.pending.is_empty() {
+            return self.backend.exist(keys, sorted, found);
+        }
+        // This batch's writes answer for their keys; the backend for the rest.
+        let mut unknown = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match self.pending.get(*key) {
+                Some(pending) => found.push(pending.is_some()),
+                None => {
+                    found.push(false);
+                    unknown.push(*key);
+                    at.push(i);
+                }
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let mut committed = Vec::with_capacity(unknown.len());
+        self.backend.exist(&unknown, sorted, &mut committed)?;
+        for (i, hit) in at.into_iter().zip(committed) {
+            found[i] = hit;
+        }
+        Ok(())
+    }
+
     fn remember_probe(&self, key: &[u8], hit: bool) {
         let mut probe = self.probe.borrow_mut();
         probe.clear();
@@ -425,6 +469,26 @@ impl StateStore {
                 self.pending.insert(key.to_vec(), Some(value.to_vec()));
             }
         }
+        Ok(())
+    }
+
+    /// Sets `key`, which [`Self::contains_many`] (or [`Self::contains`])
+    /// found absent in this batch, to `value`: no second lookup.
+    ///
+    /// # Errors
+    /// When the backend cannot be read.
+    pub fn put_new(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.ensure_ready();
+        if self.pending.contains_key(key) {
+            return self.put(key, value);
+        }
+        debug_assert!(
+            !self.backend.contains(key)?,
+            "put_new of a key the committed state holds"
+        );
+        self.rows += 1;
+        self.pending_bytes += (key.len() + value.len()) as u64;
+        self.pending.insert(key.to_vec(), Some(value.to_vec()));
         Ok(())
     }
 

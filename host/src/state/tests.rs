@@ -218,3 +218,47 @@ fn a_snapshot_of_another_store_kind_is_refused() {
     let err = other.load(Some(3)).unwrap_err();
     assert!(matches!(err, StateError::WrongKind { .. }), "{err}");
 }
+
+#[test]
+fn batched_lookups_see_committed_state_and_this_batch_s_writes() {
+    for kind in both() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        for key in [&b"a"[..], b"c", b"e"] {
+            store.put(key, b"").unwrap();
+        }
+        store.commit(0).unwrap();
+        // Committed only, keys in order and out of order.
+        let mut found = vec![true; 9];
+        store
+            .contains_many(&[b"a", b"b", b"c", b"d", b"e"], true, &mut found)
+            .unwrap();
+        assert_eq!(found, [true, false, true, false, true], "{kind}");
+        store
+            .contains_many(&[b"e", b"b", b"a"], false, &mut found)
+            .unwrap();
+        assert_eq!(found, [true, false, true], "{kind}");
+        // This batch deletes `c` and adds `b`: they answer for those keys.
+        store.delete(b"c").unwrap();
+        store.put_new(b"d", b"4").unwrap();
+        store.put(b"b", b"2").unwrap();
+        store
+            .contains_many(&[b"a", b"b", b"c", b"d", b"f"], true, &mut found)
+            .unwrap();
+        assert_eq!(found, [true, true, false, true, false], "{kind}");
+        assert_eq!(store.metrics().num_rows_total, 4, "{kind}");
+        store.commit(1).unwrap();
+        store.load(Some(1)).unwrap();
+        assert_eq!(
+            all(&store),
+            kv(&[("a", ""), ("b", "2"), ("d", "4"), ("e", "")]),
+            "{kind}"
+        );
+        // `put_new` of a key this batch deleted is a put like any other.
+        store.delete(b"a").unwrap();
+        store.put_new(b"a", b"1").unwrap();
+        assert_eq!(store.metrics().num_rows_total, 4, "{kind}");
+        assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()), "{kind}");
+    }
+}
