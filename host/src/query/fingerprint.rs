@@ -162,6 +162,7 @@ pub fn of(pipeline: &Pipeline, state: Option<&StateSchema>, plugins: &[(String, 
             SinkSpec::Plugin(_) => "plugin",
             SinkSpec::Kafka(_) => "kafka",
             SinkSpec::Delta(_) => "delta",
+            SinkSpec::DeltaMerge(_) => "delta-merge",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
     })

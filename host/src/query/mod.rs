@@ -303,6 +303,7 @@ impl Query {
                         timeout: t.limits.timeout,
                         fuel: t.limits.fuel,
                         dirs: Vec::new(),
+                        delta_merge: BTreeMap::new(),
                     },
                     failpoint: options.failpoint,
                 },
@@ -432,6 +433,7 @@ impl Query {
                                     writable: d.writable,
                                 })
                                 .collect(),
+                            delta_merge: p.capabilities.delta_merge.clone(),
                         },
                         failpoint: options.failpoint,
                     },
@@ -446,6 +448,14 @@ impl Query {
                 checkpoint.query_id(),
                 options.failpoint,
             )?),
+            SinkSpec::DeltaMerge(m) => Box::new(
+                sink::delta_merge::DeltaMerge::new(sink::delta_merge::DeltaMergeOptions {
+                    table: m.clone(),
+                    app_id: checkpoint.query_id().to_owned(),
+                    failpoint: options.failpoint,
+                })
+                .map_err(SinkError::from)?,
+            ),
             SinkSpec::Kafka(k) => Box::new(
                 sink::kafka::KafkaSink::new(
                     k.clone(),
