@@ -22,5 +22,10 @@ fn main() {
             "weir_plugin_jsonl_sink",
             "WEIR_PLUGIN_JSONL_SINK",
         ),
+        (
+            "weir-plugin-merge-sink",
+            "weir_plugin_merge_sink",
+            "WEIR_PLUGIN_MERGE_SINK",
+        ),
     ]);
 }

@@ -12,12 +12,15 @@ pub const FILTER_ROWS_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_FILTER_ROWS
 pub const NORMALIZE_STATUS_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_NORMALIZE_STATUS"));
 /// `plugins/jsonl_sink`: a foreachBatch sink appending JSON lines, idempotent by batch id.
 pub const JSONL_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_JSONL_SINK"));
+/// `plugins/merge_sink`: a foreachBatch sink that MERGEs into granted Delta tables.
+pub const MERGE_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_MERGE_SINK"));
 
 /// Every example plugin by file name.
 pub const PLUGINS: &[(&str, &[u8])] = &[
     ("filter_rows.wasm", FILTER_ROWS_WASM),
     ("normalize_status.wasm", NORMALIZE_STATUS_WASM),
     ("jsonl_sink.wasm", JSONL_SINK_WASM),
+    ("merge_sink.wasm", MERGE_SINK_WASM),
 ];
 
 /// Writes the example plugins into `dir`.

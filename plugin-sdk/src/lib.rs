@@ -47,6 +47,7 @@
 //! - [`output`]: a transform's result as edits of its input.
 //! - [`error`]: [`PluginError`] and config parsing.
 //! - [`host`]: logging and the replay-stable random source.
+//! - [`delta_merge`]: MERGE into granted Delta tables from a sink (feature `merge-sink`).
 //! - [`testing`]: native harness that applies outputs like the host does.
 //! - [`text`]: text forms of timestamps, dates and decimals (RFC 3339, exact decimals).
 //! - `guest` (hidden, wasm32 only): the wit-bindgen glue, one `generate!` per cargo feature
@@ -59,6 +60,7 @@ extern crate self as weir_plugin_sdk;
 pub mod batch;
 pub mod bitmap;
 pub mod column;
+pub mod delta_merge;
 pub mod error;
 pub mod host;
 pub mod output;

@@ -17,10 +17,12 @@ use wasmtime::{Store, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::bindings::{sink, transform, wit};
+use super::bindings::{merge_sink, sink, transform, wit};
 use super::convert;
 use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
 use super::error::{PluginError, PluginErrorKind};
+use super::merge_capability;
+use super::merge_capability::{MergeGrants, SharedGrants};
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
 
@@ -39,6 +41,8 @@ pub struct Sandbox {
     pub timeout: Duration,
     pub fuel: Option<u64>,
     pub dirs: Vec<DirGrant>,
+    /// Delta tables a sink may MERGE into (the `delta-merge` import), by name.
+    pub delta_merge: std::collections::BTreeMap<String, crate::spec::MergeTableSpec>,
 }
 
 impl Default for Sandbox {
@@ -48,6 +52,7 @@ impl Default for Sandbox {
             timeout: Duration::from_secs(30),
             fuel: None,
             dirs: Vec::new(),
+            delta_merge: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -88,6 +93,8 @@ struct Runtime {
     options: PluginOptions,
     name: Arc<str>,
     usage: PluginUsage,
+    /// The sink's granted MERGE tables, shared by its successive instances.
+    delta_merge: Option<SharedGrants>,
 }
 
 impl Runtime {
@@ -128,6 +135,7 @@ impl Runtime {
             stderr,
             call: CallState::default(),
             failpoint: self.options.failpoint,
+            delta_merge: self.delta_merge.clone(),
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -273,6 +281,7 @@ impl WasmTransform {
             options,
             name,
             usage: PluginUsage::default(),
+            delta_merge: None,
         };
         let mut linker = Linker::<HostState>::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
@@ -462,18 +471,37 @@ impl WasmSink {
     ) -> Result<Self, PluginError> {
         let name: Arc<str> = options.name.as_str().into();
         let input_fields = check_input(&options.name, input_schema)?;
+        let delta_merge = (!options.sandbox.delta_merge.is_empty())
+            .then(|| MergeGrants::new(options.sandbox.delta_merge.clone(), options.failpoint));
         let rt = Runtime {
             engine: engine.clone(),
             plugin,
             options,
             name,
             usage: PluginUsage::default(),
+            delta_merge,
         };
         let mut linker = Linker::<HostState>::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
         sink::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        // Every sink may import `delta-merge` (world `merge-sink`); calls without a grant fail.
+        merge_sink::weir::plugin::delta_merge::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        let imports_merge = rt
+            .plugin
+            .component
+            .component_type()
+            .imports(engine.engine())
+            .any(|(name, _)| name == merge_capability::INTERFACE);
+        if imports_merge && rt.delta_merge.is_none() {
+            return Err(rt.err_instantiate(format!(
+                "it imports {} but the pipeline file grants it no table: add \
+                 [sink.capabilities.delta_merge.<name>] with path and keys",
+                merge_capability::INTERFACE
+            )));
+        }
         let pre = linker
             .instantiate_pre(&rt.plugin.component)
             .and_then(sink::SinkPre::new)
@@ -541,6 +569,9 @@ impl WasmSink {
         self.rt.arm(&mut live.store)?;
         let fuel_before = self.rt.fuel_left(&live.store);
         live.store.data_mut().begin_call(info, Phase::InSink);
+        if let Some(grants) = &self.rt.delta_merge {
+            grants.lock().unwrap_or_else(|p| p.into_inner()).begin(info);
+        }
         let resource = live
             .store
             .data_mut()

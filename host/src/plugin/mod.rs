@@ -15,6 +15,7 @@
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
 //! - `state`: what a plugin's store holds and the host functions it imports.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `merge_capability`: the `delta-merge` import of sinks (MERGE into granted Delta tables).
 //! - `error`: [`PluginError`].
 
 mod bindings;
@@ -22,6 +23,7 @@ mod convert;
 mod engine;
 mod error;
 mod instance;
+mod merge_capability;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine};

@@ -49,6 +49,8 @@ pub(crate) struct HostState {
     pub(crate) stderr: MemoryOutputPipe,
     pub(crate) call: CallState,
     pub(crate) failpoint: Option<Failpoint>,
+    /// The Delta tables a sink may MERGE into (`None`: not granted, or a transform).
+    pub(crate) delta_merge: Option<super::merge_capability::SharedGrants>,
 }
 
 impl WasiView for HostState {
@@ -74,7 +76,7 @@ impl HostState {
         };
     }
 
-    fn at_host_call(&self) {
+    pub(super) fn at_host_call(&self) {
         if let Some(phase) = self.call.phase {
             Failpoint::check(self.failpoint.as_ref(), phase, self.call.batch_id);
         }
