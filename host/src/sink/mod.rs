@@ -144,7 +144,7 @@ impl Sink for delta_merge::DeltaMerge {
         // MERGE sees the micro-batch whole: duplicates across its parts are duplicates.
         let batch = arrow_select::concat::concat_batches(schema, batches).map_err(|source| {
             SinkError::Arrow {
-                sink: self.description(),
+                sink: delta_merge::DeltaMerge::description(self).to_owned(),
                 source,
             }
         })?;
