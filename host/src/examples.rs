@@ -14,6 +14,8 @@ pub const NORMALIZE_STATUS_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_NORMAL
 pub const JSONL_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_JSONL_SINK"));
 /// `plugins/running_total`: a running total per key, kept in the host's keyed state.
 pub const RUNNING_TOTAL_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_RUNNING_TOTAL"));
+/// `plugins/merge_sink`: a foreachBatch sink that MERGEs into granted Delta tables.
+pub const MERGE_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_MERGE_SINK"));
 
 /// Every example plugin by file name.
 pub const PLUGINS: &[(&str, &[u8])] = &[
@@ -21,6 +23,7 @@ pub const PLUGINS: &[(&str, &[u8])] = &[
     ("normalize_status.wasm", NORMALIZE_STATUS_WASM),
     ("jsonl_sink.wasm", JSONL_SINK_WASM),
     ("running_total.wasm", RUNNING_TOTAL_WASM),
+    ("merge_sink.wasm", MERGE_SINK_WASM),
 ];
 
 /// Writes the example plugins into `dir`.

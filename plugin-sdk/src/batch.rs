@@ -43,6 +43,9 @@ pub(crate) trait HostBatch {
     /// Column `index`, which the caller has checked is in range.
     fn column(&self, index: u32, rows: usize) -> Column;
     fn to_ipc(&self) -> Vec<u8>;
+    /// The generated resource itself, to lend it back to the host (`delta-merge`).
+    #[cfg(feature = "merge-sink")]
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 enum Source<'a> {
@@ -76,6 +79,15 @@ impl<'a> Batch<'a> {
     #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
     pub(crate) fn from_host(batch: &'a dyn HostBatch) -> Self {
         Self::new(Source::Host(batch))
+    }
+
+    /// The host's batch behind this one (none for an in-memory batch).
+    #[cfg(all(target_arch = "wasm32", feature = "merge-sink"))]
+    pub(crate) fn host(&self) -> Option<&'a dyn HostBatch> {
+        match self.source {
+            Source::Host(h) => Some(h),
+            Source::Memory(_) => None,
+        }
     }
 
     fn new(source: Source<'a>) -> Self {

@@ -173,6 +173,29 @@ macro_rules! conversions {
             fn to_ipc(&self) -> Vec<u8> {
                 wit::Batch::to_ipc(self)
             }
+            #[cfg(feature = "merge-sink")]
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+
+        #[allow(
+            dead_code,
+            reason = "only transforms and merging sinks hand outputs back"
+        )]
+        pub(crate) fn output_to_wit(output: crate::output::Output) -> wit::TransformOutput {
+            use crate::output::{Output, Selection};
+            match output {
+                Output::Edit(edit) => wit::TransformOutput::Edit(wit::Edit {
+                    set_columns: edit.set_columns.into_iter().map(column_to_wit).collect(),
+                    drop_columns: edit.drop_columns,
+                    keep: edit.keep.map(|s| match s {
+                        Selection::Mask(m) => wit::Selection::Mask(m.into_bytes()),
+                        Selection::Indices(i) => wit::Selection::Indices(i),
+                    }),
+                }),
+                Output::Ipc(bytes) => wit::TransformOutput::Ipc(bytes),
+            }
         }
 
         /// The config string, as the generated trait names it.
@@ -219,7 +242,6 @@ pub mod transform {
 
     use crate::Transform;
     use crate::batch::Batch;
-    use crate::output::{Output, Selection};
     use bindings::weir::plugin::types as wit;
 
     pub use bindings::exports::weir::plugin::transformer::Guest;
@@ -256,17 +278,7 @@ pub mod transform {
         let output = transform
             .process(&batch, &info_from_wit(info))
             .map_err(error_to_wit)?;
-        Ok(match output {
-            Output::Edit(edit) => wit::TransformOutput::Edit(wit::Edit {
-                set_columns: edit.set_columns.into_iter().map(column_to_wit).collect(),
-                drop_columns: edit.drop_columns,
-                keep: edit.keep.map(|s| match s {
-                    Selection::Mask(m) => wit::Selection::Mask(m.into_bytes()),
-                    Selection::Indices(i) => wit::Selection::Indices(i),
-                }),
-            }),
-            Output::Ipc(bytes) => wit::TransformOutput::Ipc(bytes),
-        })
+        Ok(output_to_wit(output))
     }
 }
 
@@ -280,9 +292,28 @@ pub mod sink {
         unused_qualifications,
         reason = "generated"
     )]
+    #[cfg(not(feature = "merge-sink"))]
     pub mod bindings {
         wit_bindgen::generate!({
             world: "sink",
+            path: "../wit",
+            pub_export_macro: true,
+            default_bindings_module: "weir_plugin_sdk::__private::sink::bindings",
+            export_macro_name: "export_world",
+        });
+    }
+
+    /// With `merge-sink`: the same export, plus the `delta-merge` import.
+    #[cfg(feature = "merge-sink")]
+    #[allow(
+        missing_docs,
+        missing_debug_implementations,
+        unused_qualifications,
+        reason = "generated"
+    )]
+    pub mod bindings {
+        wit_bindgen::generate!({
+            world: "merge-sink",
             path: "../wit",
             pub_export_macro: true,
             default_bindings_module: "weir_plugin_sdk::__private::sink::bindings",
@@ -324,5 +355,48 @@ pub mod sink {
         let sink = instance.as_mut().ok_or_else(not_open)?;
         sink.write_batch(&Batch::from_host(input), &info_from_wit(info))
             .map_err(error_to_wit)
+    }
+}
+
+/// `delta-merge` (feature `merge-sink`): the host MERGEs a batch into a granted Delta table.
+#[cfg(feature = "merge-sink")]
+pub mod merge {
+    use super::sink::bindings::weir::plugin::delta_merge as wit_merge;
+    use super::sink::bindings::weir::plugin::types as wit;
+    use crate::batch::Batch;
+    use crate::delta_merge::MergeResult;
+    use crate::error::{ErrorKind, PluginError};
+    use crate::output::Output;
+
+    /// Calls the host's `merge` with the batch the host lent this call.
+    pub fn merge(
+        table: &str,
+        batch: &Batch<'_>,
+        rows: Option<Output>,
+    ) -> Result<MergeResult, PluginError> {
+        let host = batch
+            .host()
+            .and_then(|h| h.as_any().downcast_ref::<wit::Batch>())
+            .ok_or_else(|| {
+                PluginError::fatal("delta-merge: only a batch the host handed in can be merged")
+            })?;
+        let rows = rows.map(super::sink::output_to_wit);
+        match wit_merge::merge(table, host, rows.as_ref()) {
+            Ok(r) => Ok(MergeResult {
+                skipped: r.skipped,
+                updated: r.updated,
+                inserted: r.inserted,
+            }),
+            Err(e) => Err(PluginError {
+                kind: match e.kind {
+                    wit::ErrorKind::Fatal => ErrorKind::Fatal,
+                    wit::ErrorKind::Retryable => ErrorKind::Retryable,
+                    wit::ErrorKind::InvalidConfig => ErrorKind::InvalidConfig,
+                    wit::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
+                },
+                message: e.message,
+                row: e.row,
+            }),
+        }
     }
 }

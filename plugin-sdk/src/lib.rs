@@ -49,6 +49,7 @@
 //! - [`host`]: logging and the replay-stable random source.
 //! - [`state`]: keyed state for stateful transforms (feature `stateful-transform`), stored and
 //!   versioned by the host.
+//! - [`delta_merge`]: MERGE into granted Delta tables from a sink (feature `merge-sink`).
 //! - [`testing`]: native harness that applies outputs like the host does.
 //! - [`text`]: text forms of timestamps, dates and decimals (RFC 3339, exact decimals).
 //! - `guest` (hidden, wasm32 only): the wit-bindgen glue, one `generate!` per cargo feature
@@ -61,6 +62,7 @@ extern crate self as weir_plugin_sdk;
 pub mod batch;
 pub mod bitmap;
 pub mod column;
+pub mod delta_merge;
 pub mod error;
 pub mod host;
 pub mod output;

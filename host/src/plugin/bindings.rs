@@ -42,3 +42,16 @@ pub(crate) mod stateful_transform {
 }
 
 pub(crate) use transform::weir::plugin::types as wit;
+
+/// The `merge-sink` world: a sink that also imports `delta-merge`.
+pub(crate) mod merge_sink {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "merge-sink",
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+        imports: { default: trappable },
+    });
+}

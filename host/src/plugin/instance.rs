@@ -18,13 +18,15 @@ use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::bindings::{sink, stateful_transform, transform, wit};
+use super::bindings::{merge_sink, sink, stateful_transform, transform, wit};
 use super::convert;
 use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
 use super::error::{PluginError, PluginErrorKind};
 use super::grants::{self, HttpAllowList, HttpGrant, HttpGuard};
 use super::limiter::MemoryLimiter;
 use super::replay::BatchSeed;
+use super::merge_capability;
+use super::merge_capability::{MergeGrants, SharedGrants};
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
 
@@ -47,6 +49,8 @@ pub struct Sandbox {
     pub env: Vec<(String, String)>,
     /// Hosts the plugin may send HTTP requests to; empty: no HTTP at all.
     pub http: Vec<HttpGrant>,
+    /// Delta tables a sink may MERGE into (the `delta-merge` import), by name.
+    pub delta_merge: std::collections::BTreeMap<String, crate::spec::MergeTableSpec>,
 }
 
 impl Default for Sandbox {
@@ -58,6 +62,7 @@ impl Default for Sandbox {
             dirs: Vec::new(),
             env: Vec::new(),
             http: Vec::new(),
+            delta_merge: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -118,6 +123,8 @@ struct Runtime {
     name: Arc<str>,
     usage: PluginUsage,
     allow_http: Arc<HttpAllowList>,
+    /// The sink's granted MERGE tables, shared by its successive instances.
+    delta_merge: Option<SharedGrants>,
 }
 
 impl Runtime {
@@ -132,6 +139,7 @@ impl Runtime {
                 options.sandbox.timeout,
             )),
             options,
+            delta_merge: None,
         }
     }
 
@@ -188,6 +196,7 @@ impl Runtime {
             seed,
             http: WasiHttpCtx::new(),
             http_guard: HttpGuard::new(Arc::clone(&self.allow_http), Arc::clone(&self.name)),
+            delta_merge: self.delta_merge.clone(),
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -630,10 +639,29 @@ impl WasmSink {
         input_schema: &SchemaRef,
     ) -> Result<Self, PluginError> {
         let input_fields = check_input(&options.name, input_schema)?;
-        let rt = Runtime::new(engine, plugin, options);
+        let delta_merge = (!options.sandbox.delta_merge.is_empty())
+            .then(|| MergeGrants::new(options.sandbox.delta_merge.clone(), options.failpoint));
+        let mut rt = Runtime::new(engine, plugin, options);
+        rt.delta_merge = delta_merge;
         let mut linker = rt.linker()?;
         sink::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        // Every sink may import `delta-merge` (world `merge-sink`); calls without a grant fail.
+        merge_sink::weir::plugin::delta_merge::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| rt.err_instantiate(format!("{e:#}")))?;
+        let imports_merge = rt
+            .plugin
+            .component
+            .component_type()
+            .imports(engine.engine())
+            .any(|(name, _)| name == merge_capability::INTERFACE);
+        if imports_merge && rt.delta_merge.is_none() {
+            return Err(rt.err_instantiate(format!(
+                "it imports {} but the pipeline file grants it no table: add \
+                 [sink.capabilities.delta_merge.<name>] with path and keys",
+                merge_capability::INTERFACE
+            )));
+        }
         let pre = linker
             .instantiate_pre(&rt.plugin.component)
             .and_then(sink::SinkPre::new)
@@ -728,6 +756,9 @@ impl WasmSink {
         self.rt.arm(&mut live.store)?;
         let fuel_before = self.rt.fuel_left(&live.store);
         live.store.data_mut().begin_call(info, Phase::InSink);
+        if let Some(grants) = &self.rt.delta_merge {
+            grants.lock().unwrap_or_else(|p| p.into_inner()).begin(info);
+        }
         let resource = live
             .store
             .data_mut()

@@ -21,6 +21,7 @@
 //! - `grants`: folders, environment variables and HTTP hosts a plugin may reach.
 //! - `limiter`: the memory limit and its high-water mark.
 //! - `replay`: the batch clock and seeded random source that make replays identical.
+//! - `merge_capability`: the `delta-merge` import of sinks (MERGE into granted Delta tables).
 //! - `error`: [`PluginError`].
 
 mod bindings;
@@ -33,6 +34,7 @@ mod reload;
 mod keyed_state;
 mod limiter;
 mod replay;
+mod merge_capability;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};

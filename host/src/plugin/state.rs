@@ -58,6 +58,8 @@ pub(crate) struct HostState {
     pub(crate) http: WasiHttpCtx,
     /// Where the guest may send HTTP requests, and what it was refused.
     pub(crate) http_guard: HttpGuard,
+    /// The Delta tables a sink may MERGE into (`None`: not granted, or a transform).
+    pub(crate) delta_merge: Option<super::merge_capability::SharedGrants>,
 }
 
 impl WasiView for HostState {

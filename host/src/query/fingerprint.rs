@@ -175,6 +175,7 @@ pub fn of(
             SinkSpec::Plugin(_) => "plugin",
             SinkSpec::Kafka(_) => "kafka",
             SinkSpec::Delta(_) => "delta",
+            SinkSpec::DeltaMerge(_) => "delta-merge",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
     })

@@ -505,6 +505,14 @@ impl Query {
                 checkpoint.query_id(),
                 options.failpoint,
             )?),
+            SinkSpec::DeltaMerge(m) => Box::new(
+                sink::delta_merge::DeltaMerge::new(sink::delta_merge::DeltaMergeOptions {
+                    table: m.clone(),
+                    app_id: checkpoint.query_id().to_owned(),
+                    failpoint: options.failpoint,
+                })
+                .map_err(SinkError::from)?,
+            ),
             SinkSpec::Kafka(k) => Box::new(
                 sink::kafka::KafkaSink::new(
                     k.clone(),
@@ -1190,6 +1198,7 @@ fn sandbox(
             .collect(),
         env: env_from_host(name, &capabilities.env)?,
         http: capabilities.http.clone(),
+        delta_merge: capabilities.delta_merge.clone(),
     })
 }
 

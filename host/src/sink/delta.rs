@@ -487,7 +487,7 @@ impl DeltaSink {
 
 /// Delta's timestamp is microseconds in UTC, which Arrow spells with the zone "UTC"; Spark's
 /// TIMESTAMP (here: any zone offset, such as "+00:00") is the same instant on the same scale.
-fn delta_schema(schema: &SchemaRef) -> arrow_schema::Schema {
+pub(super) fn delta_schema(schema: &SchemaRef) -> arrow_schema::Schema {
     let fields: Vec<arrow_schema::Field> = schema
         .fields()
         .iter()
@@ -508,7 +508,10 @@ fn delta_schema(schema: &SchemaRef) -> arrow_schema::Schema {
 
 /// `batch` with the schema `target` (same columns; timestamps relabelled to "UTC", a
 /// metadata-only cast).
-fn relabel(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, DeltaTableError> {
+pub(super) fn relabel(
+    batch: &RecordBatch,
+    target: &SchemaRef,
+) -> Result<RecordBatch, DeltaTableError> {
     if batch.schema().fields() == target.fields() {
         return Ok(batch.clone());
     }

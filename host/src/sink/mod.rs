@@ -10,9 +10,11 @@
 //! - `plugin`: a Wasm foreachBatch sink.
 //! - [`kafka`]: a Kafka topic, one transaction per batch.
 //! - `delta`: a Delta Lake table, one commit with a txn action per batch.
+//! - [`delta_merge`]: MERGE (upsert by key) into a Delta table, one commit per batch.
 
 pub mod console;
 pub mod delta;
+pub mod delta_merge;
 pub mod files;
 pub mod kafka;
 
@@ -39,6 +41,9 @@ pub enum SinkError {
     /// Boxed: deltalake's errors are large, and every query result carries this type.
     #[error(transparent)]
     Delta(Box<delta::DeltaSinkError>),
+    /// Boxed for the same reason.
+    #[error(transparent)]
+    DeltaMerge(Box<delta_merge::DeltaMergeError>),
     #[error("sink {sink}: cannot combine the batch's parts: {source}")]
     Arrow {
         sink: String,
@@ -52,6 +57,12 @@ impl From<delta::DeltaSinkError> for SinkError {
     }
 }
 
+impl From<delta_merge::DeltaMergeError> for SinkError {
+    fn from(e: delta_merge::DeltaMergeError) -> Self {
+        Self::DeltaMerge(Box::new(e))
+    }
+}
+
 impl SinkError {
     /// Whether writing the same batch again may succeed.
     pub fn is_retryable(&self) -> bool {
@@ -59,6 +70,7 @@ impl SinkError {
             Self::Plugin(e) => e.is_retryable(),
             Self::Kafka(e) => e.is_retryable(),
             Self::Delta(e) => e.is_retryable(),
+            Self::DeltaMerge(e) => e.is_retryable(),
             Self::Files(_) | Self::Console(_) => true,
             Self::Arrow { .. } => false,
         }
@@ -120,6 +132,29 @@ impl Sink for delta::DeltaSink {
     fn close(&mut self) -> Result<(), SinkError> {
         self.flush()?;
         Ok(())
+    }
+}
+
+impl Sink for delta_merge::DeltaMerge {
+    fn description(&self) -> String {
+        delta_merge::DeltaMerge::description(self).to_owned()
+    }
+
+    fn write_batch(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, SinkError> {
+        // MERGE sees the micro-batch whole: duplicates across its parts are duplicates.
+        let batch = arrow_select::concat::concat_batches(schema, batches).map_err(|source| {
+            SinkError::Arrow {
+                sink: delta_merge::DeltaMerge::description(self).to_owned(),
+                source,
+            }
+        })?;
+        self.merge(info.batch_id, &batch)?;
+        Ok(batch.num_rows() as u64)
     }
 }
 

@@ -13,10 +13,12 @@
 //!   unknown key and wrongly typed value is reported, not only the first.
 //! - `validate.rs`: the semantic pass from the raw structs to [`Pipeline`].
 //! - `ddl.rs`: Spark DDL schema strings → Arrow schemas.
+//! - `merge.rs`: the settings of a Delta MERGE (sink and capability), its condition parser.
 //! - `duration.rs`, `size.rs`: "30s" / "10 minutes" and "64 MiB" / "1 GiB".
 
 pub mod ddl;
 pub mod duration;
+pub mod merge;
 mod overrides;
 mod raw;
 pub mod size;
@@ -31,6 +33,9 @@ use std::time::Duration;
 pub use crate::plugin::HttpGrant;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
+pub use merge::{
+    CompareOp, MergeCondition, MergeDedup, MergeTableSpec, parse_condition, parse_dedup,
+};
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
 pub use stateful::{stateful_problems, stateful_warnings};
 
@@ -345,6 +350,8 @@ pub enum SinkSpec {
     Kafka(KafkaSinkSpec),
     /// `kind = "delta"`: a Delta Lake table, one commit per batch (or per `commit_every`).
     Delta(DeltaSinkSpec),
+    /// `kind = "delta-merge"`: each batch upserted into a Delta table by key (MERGE).
+    DeltaMerge(MergeTableSpec),
 }
 
 /// A `kind = "kafka"` sink.
@@ -434,6 +441,8 @@ pub struct Capabilities {
     /// `http`: hosts the plugin may send HTTP requests to (`"host"`: any port, `"host:port"`:
     /// that port); empty: no HTTP.
     pub http: Vec<HttpGrant>,
+    /// `delta_merge`: Delta tables the plugin may MERGE into, by the name it calls them.
+    pub delta_merge: std::collections::BTreeMap<String, MergeTableSpec>,
 }
 
 /// One `{ host, guest, writable }` entry of `capabilities.dirs`.

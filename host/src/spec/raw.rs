@@ -147,6 +147,21 @@ pub(super) struct RawSink {
     pub target_file_size: Option<Value>,
     /// An integer (batches) or a duration string ("30s").
     pub commit_every: Option<Value>,
+    // kind = "delta-merge"
+    pub keys: Option<Vec<String>>,
+    pub when_matched_update: Option<String>,
+    pub dedup: Option<String>,
+}
+
+/// One table of a `delta-merge` sink or of `capabilities.delta_merge`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMergeTable {
+    pub path: Option<String>,
+    pub keys: Option<Vec<String>>,
+    pub when_matched_update: Option<String>,
+    pub dedup: Option<String>,
+    pub target_file_size: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -157,6 +172,8 @@ pub(super) struct RawCapabilities {
     pub env: Option<Vec<String>>,
     /// Hosts (`host` or `host:port`) the plugin may send HTTP requests to.
     pub http: Option<Vec<String>>,
+    /// Tables the plugin may MERGE into, by the name it calls them.
+    pub delta_merge: Option<std::collections::BTreeMap<String, RawMergeTable>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

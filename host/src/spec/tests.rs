@@ -232,7 +232,7 @@ path = "t"
         ("transform[1].limits.memory", "\"64 MB x\" is not a size: unknown unit \"MB x\"; use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\""),
         ("transform[1].limits.timeout", "\"forever\" is not a duration: expected a number at \"forever\"; write e.g. \"30s\" or \"1h 30m\""),
         ("transform[1].limits.fuel", "must be a positive integer, not 0"),
-        ("sink.kind", "\"hive\" is not a sink kind: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\" or \"delta\""),
+        ("sink.kind", "\"hive\" is not a sink kind: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\", \"delta\" or \"delta-merge\""),
     ]
     .into_iter()
     .map(|(p, m)| (p.to_string(), m.to_string()))
@@ -338,7 +338,7 @@ fn missing_tables_and_keys_are_named() {
     );
     assert_eq!(
         found[7].1,
-        "required key is missing: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\" or \"delta\""
+        "required key is missing: use \"files\", \"console\", \"plugin\", \"memory\", \"kafka\", \"delta\" or \"delta-merge\""
     );
 
     let found = problems(dir.path(), "", &[]);
@@ -660,6 +660,7 @@ capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { h
                     port: None,
                 },
             ],
+            delta_merge: std::collections::BTreeMap::new(),
         },
         sha256: None,
     });
@@ -1170,6 +1171,85 @@ fn delta_sink_keys_are_typed_and_checked() {
             "sink.commit_every".to_string(),
             "not a key of a files sink (its keys: kind, path, format)".to_string()
         )]
+    );
+}
+
+#[test]
+fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
+    let dir = workspace();
+    let with_sink = |sink: &str| MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+    let p = parse_in(
+        dir.path(),
+        &with_sink(
+            "[sink]\nkind = \"delta-merge\"\npath = \"t\"\nkeys = [\"order_id\"]\nwhen_matched_update = \"s.occurred_at > t.occurred_at\"\ndedup = \"latest-by:occurred_at\"\n",
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        p.sink,
+        SinkSpec::DeltaMerge(MergeTableSpec {
+            path: dir.path().join("t"),
+            keys: vec!["order_id".into()],
+            when_matched_update: Some(MergeCondition {
+                source: "occurred_at".into(),
+                op: CompareOp::Gt,
+                target: "occurred_at".into(),
+            }),
+            dedup: MergeDedup::LatestBy("occurred_at".into()),
+            target_file_size: DEFAULT_DELTA_TARGET_FILE_SIZE,
+        })
+    );
+    let found = problems(
+        dir.path(),
+        &with_sink(
+            "[sink]\nkind = \"delta-merge\"\nkeys = [\"id\", \"id\"]\nwhen_matched_update = \"s.at > s.at\"\ndedup = \"first\"\ncommit_every = 2\n",
+        ),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("sink.commit_every".into(), "not a key of a delta-merge sink (its keys: kind, path, keys, when_matched_update, dedup, target_file_size)".into()),
+            ("sink.path".into(), "required key is missing".into()),
+            ("sink.keys[1]".into(), "column \"id\" is listed twice".into()),
+            ("sink.when_matched_update".into(), "\"s.at > s.at\": compares two columns of the same side; compare a source column (s.) with a target column (t.)".into()),
+            ("sink.dedup".into(), "\"first\" is not a dedup policy: use \"none\" or \"latest-by:<column>\"".into()),
+        ] as Vec<(String, String)>
+    );
+
+    // The same keys as a capability of a plugin sink, one table per name.
+    let plugin = "[sink]\nkind = \"plugin\"\nplugin = \"sinks/jsonl_sink.wasm\"\n";
+    let p = parse_in(
+        dir.path(),
+        &with_sink(&format!(
+            "{plugin}[sink.capabilities.delta_merge.orders]\npath = \"tables/orders\"\nkeys = [\"order_id\", \"region\"]\n"
+        )),
+        &[],
+    )
+    .unwrap();
+    let SinkSpec::Plugin(spec) = &p.sink else {
+        panic!("{:?}", p.sink)
+    };
+    let orders = &spec.capabilities.delta_merge["orders"];
+    assert_eq!(orders.path, dir.path().join("tables/orders"));
+    assert_eq!(orders.keys, vec!["order_id".to_string(), "region".into()]);
+    assert_eq!(orders.when_matched_update, None);
+    assert_eq!(orders.dedup, MergeDedup::Refuse);
+    let found = problems(
+        dir.path(),
+        &with_sink(&format!(
+            "{plugin}[sink.capabilities.delta_merge.orders]\nkeys = []\nwhen_matched_update = \"t.a\"\n"
+        )),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("sink.capabilities.delta_merge.orders.path".into(), "required key is missing".into()),
+            ("sink.capabilities.delta_merge.orders.keys".into(), "must name at least one column".into()),
+            ("sink.capabilities.delta_merge.orders.when_matched_update".into(), "\"t.a\": no comparison operator; expected a comparison of a source and a target column such as \"s.occurred_at > t.occurred_at\" (operators: > >= < <= = !=)".into()),
+        ] as Vec<(String, String)>
     );
 }
 

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use toml::{Table, Value};
 
 mod kafka;
+mod merge;
 
 use super::duration::parse_duration;
 use super::raw::{
-    RawAggregate, RawCapabilities, RawDeduplicate, RawLimits, RawPipeline, RawQuery, RawSink,
-    RawSource, RawTransform, RawWatermark, source_label,
+    RawAggregate, RawCapabilities, RawDeduplicate, RawLimits, RawMergeTable, RawPipeline, RawQuery,
+    RawSink, RawSource, RawTransform, RawWatermark, source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
 use super::{
@@ -830,7 +831,17 @@ fn transform(
     let config = config(c, &key("config"), t.config);
     let limits = limits(c, &key("limits"), t.limits);
     let sha256 = sha256(c, &key("sha256"), t.sha256);
-    let capabilities = capabilities(c, &key("capabilities"), t.capabilities, base);
+    let capabilities = capabilities(c, &key("capabilities"), t.capabilities, base).filter(|caps| {
+        // MERGE is a sink's capability (world `merge-sink`); a transform has no batch to commit.
+        if caps.delta_merge.is_empty() {
+            return true;
+        }
+        c.push(
+            &key("capabilities.delta_merge"),
+            "MERGE into Delta tables is a sink capability: grant it under [sink.capabilities]",
+        );
+        false
+    });
     Some(TransformSpec {
         name: name?,
         plugin: plugin?,
@@ -1042,7 +1053,15 @@ fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<Plugi
 }
 
 fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
-    const KINDS: [&str; 6] = ["files", "console", "plugin", "memory", "kafka", "delta"];
+    const KINDS: [&str; 7] = [
+        "files",
+        "console",
+        "plugin",
+        "memory",
+        "kafka",
+        "delta",
+        "delta-merge",
+    ];
     let Some(s) = raw else {
         c.push("sink", "required table [sink] is missing");
         return None;
@@ -1068,6 +1087,13 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ],
         "kafka" => &["bootstrap_servers", "topic", "key", "value", "delivery"],
         "delta" => &["path", "partition_by", "target_file_size", "commit_every"],
+        "delta-merge" => &[
+            "path",
+            "keys",
+            "when_matched_update",
+            "dedup",
+            "target_file_size",
+        ],
         other => {
             c.push(
                 "sink.kind",
@@ -1094,6 +1120,9 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
         ("partition_by", s.partition_by.is_some()),
         ("target_file_size", s.target_file_size.is_some()),
         ("commit_every", s.commit_every.is_some()),
+        ("keys", s.keys.is_some()),
+        ("when_matched_update", s.when_matched_update.is_some()),
+        ("dedup", s.dedup.is_some()),
     ];
     let mut stray = false;
     for (key, _) in present
@@ -1162,6 +1191,19 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
             s.commit_every,
             base,
         ),
+        "delta-merge" => merge::table(
+            c,
+            "sink",
+            RawMergeTable {
+                path: s.path,
+                keys: s.keys,
+                when_matched_update: s.when_matched_update,
+                dedup: s.dedup,
+                target_file_size: s.target_file_size,
+            },
+            base,
+        )
+        .map(SinkSpec::DeltaMerge),
         _ => {
             let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
             let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
@@ -1205,31 +1247,7 @@ fn delta_sink(
             );
         }
     }
-    let target_file_size = match target_file_size {
-        None => Some(DEFAULT_DELTA_TARGET_FILE_SIZE),
-        Some(Value::Integer(n)) => c.positive("sink.target_file_size", n),
-        Some(Value::String(text)) => match parse_byte_size(&text) {
-            Ok(0) => {
-                c.push("sink.target_file_size", "must be more than zero");
-                None
-            }
-            Ok(n) => Some(n),
-            Err(err) => {
-                c.push("sink.target_file_size", err);
-                None
-            }
-        },
-        Some(other) => {
-            c.push(
-                "sink.target_file_size",
-                format!(
-                    "expected a size such as \"128 MiB\" or a number of bytes, found a {}",
-                    other.type_str()
-                ),
-            );
-            None
-        }
-    };
+    let target_file_size = file_size(c, "sink.target_file_size", target_file_size);
     let commit_every = match commit_every {
         None => std::num::NonZeroU64::new(1).map(CommitEvery::Batches),
         Some(Value::Integer(n)) => c
@@ -1275,6 +1293,35 @@ fn delta_sink(
     }))
 }
 
+/// `target_file_size` of a Delta writer: a size such as "128 MiB" or a number of bytes.
+pub(super) fn file_size(c: &mut Collector, path: &str, value: Option<Value>) -> Option<u64> {
+    match value {
+        None => Some(DEFAULT_DELTA_TARGET_FILE_SIZE),
+        Some(Value::Integer(n)) => c.positive(path, n),
+        Some(Value::String(text)) => match parse_byte_size(&text) {
+            Ok(0) => {
+                c.push(path, "must be more than zero");
+                None
+            }
+            Ok(n) => Some(n),
+            Err(err) => {
+                c.push(path, err);
+                None
+            }
+        },
+        Some(other) => {
+            c.push(
+                path,
+                format!(
+                    "expected a size such as \"128 MiB\" or a number of bytes, found a {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    }
+}
+
 fn capabilities(
     c: &mut Collector,
     path: &str,
@@ -1283,6 +1330,7 @@ fn capabilities(
 ) -> Option<Capabilities> {
     let raw = raw.unwrap_or_default();
     let dirs = raw.dirs.unwrap_or_default();
+    let merges = raw.delta_merge.unwrap_or_default();
     let mut grants = Vec::new();
     let mut ok = true;
     let mut guests: HashMap<String, usize> = HashMap::new();
@@ -1356,9 +1404,28 @@ fn capabilities(
             }
         }
     }
+    let mut delta_merge = std::collections::BTreeMap::new();
+    for (name, table) in merges {
+        let label = format!("{path}.delta_merge.{name}");
+        if !is_valid_name(&name) {
+            ok = false;
+            c.push(
+                &label,
+                format!("{name:?} is not a table name: use letters, digits, '_', '.' and '-'"),
+            );
+            continue;
+        }
+        match merge::table(c, &label, table, base) {
+            Some(spec) => {
+                delta_merge.insert(name, spec);
+            }
+            None => ok = false,
+        }
+    }
     ok.then_some(Capabilities {
         dirs: grants,
         env,
         http,
+        delta_merge,
     })
 }

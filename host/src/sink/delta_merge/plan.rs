@@ -1,0 +1,553 @@
+//! The columnar half of MERGE: which source rows update which target rows, computed with Arrow
+//! kernels and no Delta in sight, so that it is tested on plain batches.
+//!
+//! The batch's keys are encoded once with `arrow-row` (one byte string per row, comparable and
+//! hashable whatever the key columns' types) into a map key → source row. Each target file's key
+//! columns are encoded the same way and looked up, giving aligned lists of (target row, source
+//! row) matches; the condition is one comparison kernel over the two `take`n columns; a file with
+//! updates is rebuilt by one `interleave` of its rows and the batch's. No step allocates per row.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BooleanArray, Datum, RecordBatch, UInt32Array};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{ArrowError, SortOptions};
+
+use crate::spec::{CompareOp, MergeCondition, MergeDedup};
+
+/// What the plan needs from a table: its files' columns, and where rewritten and new rows go.
+pub(super) trait Target {
+    type Error;
+    /// How many data files the table has.
+    fn files(&self) -> usize;
+    /// The named columns of file `file` (in that order), or with `None` all of them with the
+    /// batch's schema.
+    fn read(&mut self, file: usize, columns: Option<&[&str]>) -> Result<RecordBatch, Self::Error>;
+    /// File `file` is replaced by `rows`.
+    fn rewrite(&mut self, file: usize, rows: RecordBatch) -> Result<(), Self::Error>;
+    /// `rows` are new.
+    fn insert(&mut self, rows: RecordBatch) -> Result<(), Self::Error>;
+}
+
+/// What one merge changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeCounts {
+    /// Source rows that replaced a target row (one per target row replaced).
+    pub updated: u64,
+    /// Source rows inserted (no target row had their key).
+    pub inserted: u64,
+    /// Source rows whose key matched but whose condition did not hold: left out.
+    pub skipped: u64,
+    /// Source rows dropped by `dedup = "latest-by:..."`.
+    pub deduplicated: u64,
+}
+
+/// A merge that cannot be planned; the table's module adds the table and the batch id.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("the {role} column {column:?} is not a column of the {side} ({columns})")]
+    MissingColumn {
+        role: &'static str,
+        column: String,
+        side: &'static str,
+        columns: String,
+    },
+    #[error(
+        "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row in the Delta table in possibly conflicting ways. The key {key} is in rows {first} and {second} of the batch; set dedup = \"latest-by:<column>\" to keep the latest of them"
+    )]
+    DuplicateKey {
+        key: String,
+        first: usize,
+        second: usize,
+    },
+    #[error("cannot {op}: {source}")]
+    Arrow {
+        op: &'static str,
+        source: ArrowError,
+    },
+}
+
+/// A failed merge: the plan's own problem, or the target's.
+#[derive(Debug)]
+pub(super) enum RunError<E> {
+    Plan(PlanError),
+    Target(E),
+}
+
+impl<E> From<PlanError> for RunError<E> {
+    fn from(e: PlanError) -> Self {
+        Self::Plan(e)
+    }
+}
+
+fn arrow(op: &'static str) -> impl Fn(ArrowError) -> PlanError {
+    move |source| PlanError::Arrow { op, source }
+}
+
+/// The settings of one merge, with column names checked against the batch.
+#[derive(Debug)]
+pub(super) struct Plan<'a> {
+    pub keys: &'a [String],
+    pub condition: Option<&'a MergeCondition>,
+    pub dedup: &'a MergeDedup,
+}
+
+fn column_index(
+    batch: &RecordBatch,
+    column: &str,
+    role: &'static str,
+    side: &'static str,
+) -> Result<usize, PlanError> {
+    batch
+        .schema()
+        .index_of(column)
+        .map_err(|_| PlanError::MissingColumn {
+            role,
+            column: column.to_owned(),
+            side,
+            columns: batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+impl Plan<'_> {
+    /// Merges `source` into `target`.
+    ///
+    /// # Errors
+    /// A missing column, a duplicate key (without dedup), an Arrow failure, or the target's own.
+    pub fn run<T: Target>(
+        &self,
+        source: &RecordBatch,
+        target: &mut T,
+    ) -> Result<MergeCounts, RunError<T::Error>> {
+        let mut counts = MergeCounts::default();
+        let key_idx = self
+            .keys
+            .iter()
+            .map(|k| column_index(source, k, "key", "batch"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_columns = |b: &RecordBatch| -> Vec<ArrayRef> {
+            key_idx.iter().map(|i| Arc::clone(b.column(*i))).collect()
+        };
+        let converter = RowConverter::new(
+            key_idx
+                .iter()
+                .map(|i| SortField::new(source.column(*i).data_type().clone()))
+                .collect(),
+        )
+        .map_err(arrow("encode the key columns"))?;
+        let source = self.deduplicate(source, &converter, &key_columns, &mut counts)?;
+        let source_keys = converter
+            .convert_columns(&key_columns(&source))
+            .map_err(arrow("encode the batch's keys"))?;
+        let by_key = index(&source_keys);
+        let condition_source = match self.condition {
+            Some(c) => Some(Arc::clone(source.column(column_index(
+                &source,
+                &c.source,
+                "condition",
+                "batch",
+            )?))),
+            None => None,
+        };
+        let mut wanted: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        if let Some(c) = self.condition {
+            wanted.push(&c.target);
+        }
+        let mut matched = vec![false; source.num_rows()];
+        let mut target_rows: Vec<u32> = Vec::new();
+        let mut source_rows: Vec<u32> = Vec::new();
+        for file in 0..target.files() {
+            let existing = target.read(file, Some(&wanted)).map_err(RunError::Target)?;
+            let mut keys = Vec::with_capacity(self.keys.len());
+            for (k, source_key) in self.keys.iter().zip(&key_idx) {
+                let column =
+                    Arc::clone(existing.column(column_index(&existing, k, "key", "table")?));
+                keys.push(cast_to(&column, source.column(*source_key))?);
+            }
+            let rows = converter
+                .convert_columns(&keys)
+                .map_err(arrow("encode the table's keys"))?;
+            target_rows.clear();
+            source_rows.clear();
+            for t in 0..rows.num_rows() {
+                if let Some(&s) = by_key.get(&rows.row(t)) {
+                    target_rows.push(u32::try_from(t).unwrap_or(u32::MAX));
+                    source_rows.push(s);
+                    matched[s as usize] = true;
+                }
+            }
+            if target_rows.is_empty() {
+                continue;
+            }
+            let mut t_idx = UInt32Array::from(std::mem::take(&mut target_rows));
+            let mut s_idx = UInt32Array::from(std::mem::take(&mut source_rows));
+            if let (Some(c), Some(s_col)) = (self.condition, &condition_source) {
+                let t_col =
+                    existing.column(column_index(&existing, &c.target, "condition", "table")?);
+                let t_vals = cast_to(
+                    &arrow_select::take::take(t_col, &t_idx, None)
+                        .map_err(arrow("take the table's condition column"))?,
+                    s_col,
+                )?;
+                let s_vals = arrow_select::take::take(s_col, &s_idx, None)
+                    .map_err(arrow("take the batch's condition column"))?;
+                let holds = compare(c.op, &s_vals, &t_vals)?;
+                let before = t_idx.len();
+                t_idx = filter_u32(&t_idx, &holds)?;
+                s_idx = filter_u32(&s_idx, &holds)?;
+                counts.skipped += (before - t_idx.len()) as u64;
+            }
+            if t_idx.is_empty() {
+                continue;
+            }
+            let full = target.read(file, None).map_err(RunError::Target)?;
+            let mut picks: Vec<(usize, usize)> = (0..full.num_rows()).map(|r| (0, r)).collect();
+            for (t, s) in t_idx.values().iter().zip(s_idx.values()) {
+                picks[*t as usize] = (1, *s as usize);
+            }
+            let rows = arrow_select::interleave::interleave_record_batch(&[&full, &source], &picks)
+                .map_err(arrow("rebuild a file with its updated rows"))?;
+            counts.updated += t_idx.len() as u64;
+            target.rewrite(file, rows).map_err(RunError::Target)?;
+        }
+        let unmatched = BooleanArray::from_iter(matched.iter().map(|m| Some(!m)));
+        let inserts = arrow_select::filter::filter_record_batch(&source, &unmatched)
+            .map_err(arrow("select the rows to insert"))?;
+        // Matched rows whose condition failed everywhere are neither updated nor inserted.
+        counts.inserted = inserts.num_rows() as u64;
+        if inserts.num_rows() > 0 {
+            target.insert(inserts).map_err(RunError::Target)?;
+        }
+        Ok(counts)
+    }
+
+    /// `source` with one row per key: refused, or the latest by the dedup column.
+    fn deduplicate(
+        &self,
+        source: &RecordBatch,
+        converter: &RowConverter,
+        key_columns: &dyn Fn(&RecordBatch) -> Vec<ArrayRef>,
+        counts: &mut MergeCounts,
+    ) -> Result<RecordBatch, PlanError> {
+        let rows = converter
+            .convert_columns(&key_columns(source))
+            .map_err(arrow("encode the batch's keys"))?;
+        let latest = match self.dedup {
+            MergeDedup::Refuse => None,
+            MergeDedup::LatestBy(column) => {
+                let c = source.column(column_index(source, column, "dedup", "batch")?);
+                Some(
+                    arrow_ord::ord::make_comparator(c, c, SortOptions::default())
+                        .map_err(arrow("compare the dedup column"))?,
+                )
+            }
+        };
+        let mut chosen: HashMap<arrow_row::Row<'_>, u32> = HashMap::with_capacity(rows.num_rows());
+        let mut duplicates = false;
+        for r in 0..rows.num_rows() {
+            let row = u32::try_from(r).unwrap_or(u32::MAX);
+            match chosen.entry(rows.row(r)) {
+                Entry::Vacant(v) => {
+                    v.insert(row);
+                }
+                Entry::Occupied(mut o) => {
+                    duplicates = true;
+                    let Some(cmp) = &latest else {
+                        return Err(PlanError::DuplicateKey {
+                            key: key_text(self.keys, &key_columns(source), r),
+                            first: *o.get() as usize,
+                            second: r,
+                        });
+                    };
+                    // Nulls sort first, so a null never wins; equal values: the later row.
+                    if cmp(r, *o.get() as usize) != Ordering::Less {
+                        o.insert(row);
+                    }
+                }
+            }
+        }
+        if !duplicates {
+            return Ok(source.clone());
+        }
+        let mut keep: Vec<u32> = chosen.into_values().collect();
+        keep.sort_unstable();
+        counts.deduplicated = (source.num_rows() - keep.len()) as u64;
+        arrow_select::take::take_record_batch(source, &UInt32Array::from(keep))
+            .map_err(arrow("keep the latest row of each key"))
+    }
+}
+
+/// Key → row of `rows` (unique by construction: the batch is deduplicated first).
+fn index(rows: &Rows) -> HashMap<arrow_row::Row<'_>, u32> {
+    let mut map = HashMap::with_capacity(rows.num_rows());
+    for r in 0..rows.num_rows() {
+        map.insert(rows.row(r), u32::try_from(r).unwrap_or(u32::MAX));
+    }
+    map
+}
+
+/// `column` with the type of `like` (a table written by another writer may differ, e.g. in a
+/// timestamp's zone label).
+fn cast_to(column: &ArrayRef, like: &ArrayRef) -> Result<ArrayRef, PlanError> {
+    if column.data_type() == like.data_type() {
+        Ok(Arc::clone(column))
+    } else {
+        arrow_cast::cast(column, like.data_type())
+            .map_err(arrow("cast a table column to the batch's type"))
+    }
+}
+
+/// `source <op> target`, null when either is null (treated as "does not hold").
+fn compare(
+    op: CompareOp,
+    source: &dyn Datum,
+    target: &dyn Datum,
+) -> Result<BooleanArray, PlanError> {
+    use arrow_ord::cmp;
+    let result = match op {
+        CompareOp::Gt => cmp::gt(source, target),
+        CompareOp::Ge => cmp::gt_eq(source, target),
+        CompareOp::Lt => cmp::lt(source, target),
+        CompareOp::Le => cmp::lt_eq(source, target),
+        CompareOp::Eq => cmp::eq(source, target),
+        CompareOp::Ne => cmp::neq(source, target),
+    };
+    result.map_err(arrow("evaluate the when_matched_update condition"))
+}
+
+fn filter_u32(values: &UInt32Array, keep: &BooleanArray) -> Result<UInt32Array, PlanError> {
+    let out = arrow_select::filter::filter(values, keep).map_err(arrow("filter the matches"))?;
+    Ok(UInt32Array::from(out.to_data()))
+}
+
+/// `order_id=7, region="eu"`: the key of row `row`, for the duplicate-key error.
+fn key_text(names: &[String], columns: &[ArrayRef], row: usize) -> String {
+    let options = FormatOptions::default().with_null("null");
+    names
+        .iter()
+        .zip(columns)
+        .map(|(name, column)| {
+            let value = ArrayFormatter::try_new(column.as_ref(), &options)
+                .map(|f| f.value(row).to_string())
+                .unwrap_or_else(|_| "?".into());
+            if column.data_type() == &arrow_schema::DataType::Utf8 {
+                format!("{name}={value:?}")
+            } else {
+                format!("{name}={value}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::spec::parse_condition;
+
+    /// A table in memory: a list of files.
+    #[derive(Default)]
+    struct Files {
+        files: Vec<RecordBatch>,
+        rewritten: Vec<usize>,
+        inserted: Vec<RecordBatch>,
+    }
+
+    impl Target for Files {
+        type Error = PlanError;
+        fn files(&self) -> usize {
+            self.files.len()
+        }
+        fn read(
+            &mut self,
+            file: usize,
+            columns: Option<&[&str]>,
+        ) -> Result<RecordBatch, PlanError> {
+            let b = &self.files[file];
+            Ok(match columns {
+                None => b.clone(),
+                Some(names) => {
+                    let idx: Vec<usize> = names
+                        .iter()
+                        .map(|n| b.schema().index_of(n).unwrap())
+                        .collect();
+                    b.project(&idx).unwrap()
+                }
+            })
+        }
+        fn rewrite(&mut self, file: usize, rows: RecordBatch) -> Result<(), PlanError> {
+            self.files[file] = rows;
+            self.rewritten.push(file);
+            Ok(())
+        }
+        fn insert(&mut self, rows: RecordBatch) -> Result<(), PlanError> {
+            self.inserted.push(rows.clone());
+            self.files.push(rows);
+            Ok(())
+        }
+    }
+
+    fn batch(rows: &[(i64, &str, i64)]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("status", DataType::Utf8, true),
+            Field::new("at", DataType::Int64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn contents(files: &Files) -> Vec<(i64, String, i64)> {
+        let mut out = Vec::new();
+        for b in &files.files {
+            let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let s = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            let at = b.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+            for r in 0..b.num_rows() {
+                out.push((id.value(r), s.value(r).to_owned(), at.value(r)));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn rows(v: &[(i64, &str, i64)]) -> Vec<(i64, String, i64)> {
+        v.iter()
+            .map(|(a, b, c)| (*a, (*b).to_owned(), *c))
+            .collect()
+    }
+
+    #[test]
+    fn newer_rows_update_older_ones_and_untouched_files_stay() {
+        let keys = vec!["id".to_owned()];
+        let condition = parse_condition("s.at > t.at").unwrap();
+        let plan = Plan {
+            keys: &keys,
+            condition: Some(&condition),
+            dedup: &MergeDedup::Refuse,
+        };
+        let mut files = Files {
+            files: vec![
+                batch(&[(1, "new", 10), (2, "new", 10)]),
+                batch(&[(3, "new", 10)]),
+            ],
+            ..Files::default()
+        };
+        // 1: newer → update; 2: older → skipped; 4: new → insert; file 1 (key 3) untouched.
+        let counts = plan
+            .run(
+                &batch(&[(1, "paid", 11), (2, "stale", 9), (4, "new", 1)]),
+                &mut files,
+            )
+            .unwrap();
+        assert_eq!(
+            counts,
+            MergeCounts {
+                updated: 1,
+                inserted: 1,
+                skipped: 1,
+                deduplicated: 0
+            }
+        );
+        assert_eq!(files.rewritten, vec![0]);
+        assert_eq!(
+            contents(&files),
+            rows(&[
+                (1, "paid", 11),
+                (2, "new", 10),
+                (3, "new", 10),
+                (4, "new", 1)
+            ])
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_with_delta_s_words_and_the_key() {
+        let keys = vec!["id".to_owned(), "status".to_owned()];
+        let plan = Plan {
+            keys: &keys,
+            condition: None,
+            dedup: &MergeDedup::Refuse,
+        };
+        let err = plan
+            .run(
+                &batch(&[(1, "a", 1), (2, "a", 1), (1, "a", 2)]),
+                &mut Files::default(),
+            )
+            .unwrap_err();
+        let RunError::Plan(err) = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            err.to_string(),
+            "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row in the Delta table in possibly conflicting ways. The key id=1, status=\"a\" is in rows 0 and 2 of the batch; set dedup = \"latest-by:<column>\" to keep the latest of them"
+        );
+    }
+
+    #[test]
+    fn latest_by_keeps_the_greatest_and_of_ties_the_last() {
+        let keys = vec!["id".to_owned()];
+        let dedup = MergeDedup::LatestBy("at".into());
+        let plan = Plan {
+            keys: &keys,
+            condition: None,
+            dedup: &dedup,
+        };
+        let mut files = Files {
+            files: vec![batch(&[(1, "old", 0)])],
+            ..Files::default()
+        };
+        let counts = plan
+            .run(
+                &batch(&[
+                    (1, "b", 5),
+                    (1, "c", 7),
+                    (1, "a", 3),
+                    (2, "x", 1),
+                    (2, "y", 1),
+                ]),
+                &mut files,
+            )
+            .unwrap();
+        assert_eq!(counts.deduplicated, 3);
+        assert_eq!(contents(&files), rows(&[(1, "c", 7), (2, "y", 1)]));
+    }
+
+    #[test]
+    fn a_missing_key_column_is_named() {
+        let keys = vec!["order_id".to_owned()];
+        let plan = Plan {
+            keys: &keys,
+            condition: None,
+            dedup: &MergeDedup::Refuse,
+        };
+        let Err(RunError::Plan(err)) = plan.run(&batch(&[(1, "a", 1)]), &mut Files::default())
+        else {
+            panic!("the missing column is not reported")
+        };
+        assert_eq!(
+            err.to_string(),
+            "the key column \"order_id\" is not a column of the batch (id, status, at)"
+        );
+    }
+}
