@@ -26,6 +26,8 @@ fn main() {
             "weir-plugin-running-total",
             "weir_plugin_running_total",
             "WEIR_PLUGIN_RUNNING_TOTAL",
+        ),
+        (
             "weir-plugin-merge-sink",
             "weir_plugin_merge_sink",
             "WEIR_PLUGIN_MERGE_SINK",
