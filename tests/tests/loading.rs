@@ -504,8 +504,11 @@ fn weir_run_takes_a_new_build_on_sighup_between_batches() -> Result<()> {
     let ws = workspace(1)?;
     let swap = ws.path().join("plugins/swap.wasm");
     // No trigger: continuous, waiting for new files after the one there.
-    let text = pipeline(None, "[sink]\nkind = \"files\"\npath = \"out\"\nformat = \"json\"\n")
-        .replace("trigger = \"available-now\"\n", "");
+    let text = pipeline(
+        None,
+        "[sink]\nkind = \"files\"\npath = \"out\"\nformat = \"json\"\n",
+    )
+    .replace("trigger = \"available-now\"\n", "");
     let file = ws.pipeline("hup.toml", &text)?;
     let mut child = std::process::Command::new(EXE)
         .arg("run")
@@ -519,7 +522,10 @@ fn weir_run_takes_a_new_build_on_sighup_between_batches() -> Result<()> {
     let stderr = child.stderr.take().context("stderr")?;
     let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             if lines_tx.send(line).is_err() {
                 break;
             }
@@ -534,9 +540,7 @@ fn weir_run_takes_a_new_build_on_sighup_between_batches() -> Result<()> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
         let replaced = loop {
             let wait = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = lines
-                .recv_timeout(wait)
-                .context("no replacement logged")?;
+            let line = lines.recv_timeout(wait).context("no replacement logged")?;
             ensure!(!line.contains("is refused"), "{line}");
             if line.contains("plugin keep_completed replaced") {
                 break line;
@@ -569,7 +573,10 @@ fn weir_run_takes_a_new_build_on_sighup_between_batches() -> Result<()> {
     assert_eq!(status.code(), Some(0));
     let out = ws.path().join("out");
     let first = statuses(&out, 0)?;
-    assert!(!first.is_empty() && first.iter().all(|s| s == "completed"), "{first:?}");
+    assert!(
+        !first.is_empty() && first.iter().all(|s| s == "completed"),
+        "{first:?}"
+    );
     let second = statuses(&out, 1)?;
     assert_eq!(second.len(), 200);
     assert!(second.iter().any(|s| s != "completed"), "{second:?}");

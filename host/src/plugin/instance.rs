@@ -24,9 +24,9 @@ use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
 use super::error::{PluginError, PluginErrorKind};
 use super::grants::{self, HttpAllowList, HttpGrant, HttpGuard};
 use super::limiter::MemoryLimiter;
-use super::replay::BatchSeed;
 use super::merge_capability;
 use super::merge_capability::{MergeGrants, SharedGrants};
+use super::replay::BatchSeed;
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
 

@@ -30,11 +30,11 @@ mod engine;
 mod error;
 mod grants;
 mod instance;
-mod reload;
 mod keyed_state;
 mod limiter;
-mod replay;
 mod merge_capability;
+mod reload;
+mod replay;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
