@@ -689,7 +689,7 @@ capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { h
             ),
             (
                 "sink.capabilities.net".into(),
-                "unknown key (known keys: dirs, env, http)".into()
+                "unknown key (known keys: dirs, env, http, delta_merge)".into()
             ),
             (
                 "sink.limits.extra".into(),
@@ -930,7 +930,7 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
         found,
         vec![(
             "sink.expected_rows".to_string(),
-            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, sha256, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every)".to_string()
+            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, sha256, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every, keys, when_matched_update, dedup)".to_string()
         )]
     );
 }
