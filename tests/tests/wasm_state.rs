@@ -110,9 +110,12 @@ fn cents(v: &Value) -> Result<i64> {
     Ok((x * 100.0).round() as i64)
 }
 
+/// One output row: (batch id, order id, customer, amount cents, running total cents).
+type Row = (u64, u64, i64, i64, i64);
+
 /// The rows the files sink wrote, batch by batch in order, as
 /// (batch id, order id, customer, amount cents, running total cents).
-fn output(dir: &Path) -> Result<Vec<(u64, u64, i64, i64, i64)>> {
+fn output(dir: &Path) -> Result<Vec<Row>> {
     let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| {
             let path = e.ok()?.path();
@@ -156,7 +159,7 @@ fn state_progress(checkpoint: &Path) -> Result<Vec<Value>> {
 
 /// Every row's total is its customer's previous total plus its amount, and
 /// each customer's last total is the sum of all its amounts in the input.
-fn check_totals(rows: &[(u64, u64, i64, i64, i64)], input: &[Vec<Order>]) -> Result<()> {
+fn check_totals(rows: &[Row], input: &[Vec<Order>]) -> Result<()> {
     let expected_rows: usize = input.iter().map(Vec::len).sum();
     ensure!(
         rows.len() == expected_rows,
