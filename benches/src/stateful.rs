@@ -42,6 +42,14 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let query = flag(args, "--query").unwrap_or_else(|| "revenue".into());
     let runs: usize = flag(args, "--runs").map_or(Ok(2), |r| r.parse())?;
     let store = flag(args, "--store").unwrap_or_else(|| "rocksdb".into());
+    // Weir's dedup keys (Spark's query always uses order_id): a composite key
+    // such as `order_id,customer_id` keeps the same rows but one state entry
+    // per key, where one integer key is stored as integer sets.
+    let dedup_keys: Vec<String> = flag(args, "--dedup-keys")
+        .unwrap_or_else(|| "order_id".into())
+        .split(',')
+        .map(|k| format!("{:?}", k.trim()))
+        .collect();
     let work = flag(args, "--work").map_or_else(
         || std::env::temp_dir().join(format!("weir-bench-stateful-{}", std::process::id())),
         PathBuf::from,
@@ -77,6 +85,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
             &input,
             &query,
             &store,
+            &dedup_keys,
         )?;
         eprintln!(
             "weir  run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows, state max {} rows / {} KB on disk",
@@ -196,7 +205,8 @@ fn show_difference(expected: &[String], got: &[String]) {
     }
 }
 
-fn pipeline_file(input: &Path, query: &str, store: &str) -> String {
+fn pipeline_file(input: &Path, query: &str, store: &str, dedup_keys: &[String]) -> String {
+    let dedup = format!("[deduplicate]\nkeys = [{}]\n", dedup_keys.join(", "));
     let stateful = match query {
         "revenue" => {
             r#"[aggregate]
@@ -205,11 +215,7 @@ group_by = ["status"]
 select = ["count(*) AS orders", "sum(amount) AS revenue"]
 "#
         }
-        _ => {
-            r#"[deduplicate]
-keys = ["order_id"]
-"#
-        }
+        _ => &dedup,
     };
     format!(
         r#"[query]
@@ -250,6 +256,7 @@ fn weir_run(
     input: &Path,
     query: &str,
     store: &str,
+    dedup_keys: &[String],
 ) -> Result<Run> {
     // A fresh folder per run, nothing deleted while the benchmark runs: on
     // ext4, creating files right after deleting many makes inode allocation
@@ -260,7 +267,7 @@ fn weir_run(
     }
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("pipeline.toml");
-    std::fs::write(&file, pipeline_file(input, query, store))?;
+    std::fs::write(&file, pipeline_file(input, query, store, dedup_keys))?;
     let started = Instant::now();
     let child = Command::new(exe)
         .args(["cli", "run"])

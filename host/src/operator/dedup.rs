@@ -43,6 +43,14 @@
 //! looked up per row, and the index `0x01 ‖ expiresAt ‖ key → ∅`, scanned
 //! for eviction. Partition of a key: FNV-1a 64 of its state key bytes modulo
 //! `num_partitions`; the store of partition `p` lives in `state_dir/p`.
+//!
+//! One integer key with no eviction (`dropDuplicates(["order_id"])`, the
+//! usual case) is stored as sets of integers instead ([`int_set`]): one
+//! entry per bucket of 4,096 consecutive values, `0x01 ‖ bucket (8 bytes,
+//! big-endian) → container`, the null key as `0x02 → ∅`, and the number of
+//! keys of the partition under `0x00`. The state's value schema
+//! (`bucket_members`) records the layout in the checkpoint's fingerprint, so
+//! a checkpoint of the other layout is refused, never misread.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -56,8 +64,9 @@ use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
 use arrow_schema::{DataType, Field, SchemaRef, TimeUnit};
 use arrow_select::filter::filter_record_batch;
 
+use crate::operator::int_set::{self, Bucket};
 use crate::operator::key_encoding::{
-    ColumnEncoder, TAG_VALUE, flip_i64, fnv1a, key_type_supported,
+    ColumnEncoder, TAG_NULL, TAG_VALUE, flip_i64, fnv1a, key_type_supported,
 };
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
@@ -75,6 +84,10 @@ const PREFIX_PRIMARY: u8 = 0x00;
 const PREFIX_EXPIRY: u8 = 0x01;
 /// Length of `PREFIX_EXPIRY ‖ expiresAt`.
 const EXPIRY_HEAD: usize = 9;
+/// Integer-set layout: the key of a partition's key count.
+const COUNT_KEY: &[u8] = &[0x00];
+/// Integer-set layout: the value column recorded in the state schema.
+const BUCKET_MEMBERS: &str = "bucket_members";
 
 /// How to deduplicate a stream.
 #[derive(Debug, Clone)]
@@ -135,6 +148,42 @@ enum Expiry {
     WithinWatermark { delay_micros: i64 },
 }
 
+/// How one integer key column maps to the ordered values of [`int_set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntKey {
+    /// Any signed or unsigned type up to 32 bits, and Int64: as an i64.
+    Signed,
+    /// UInt64: the value itself.
+    Unsigned,
+}
+
+impl IntKey {
+    /// The integer-set layout applies to one integer key that is never evicted.
+    fn of(keys: &[KeyColumn], expiry: Expiry) -> Option<Self> {
+        use DataType as D;
+        let [key] = keys else { return None };
+        if expiry != Expiry::Never {
+            return None;
+        }
+        match key.data_type {
+            D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32 => {
+                Some(Self::Signed)
+            }
+            D::UInt64 => Some(Self::Unsigned),
+            _ => None,
+        }
+    }
+}
+
+/// The integer-set layout's state of one batch in one partition.
+#[derive(Debug, Default, Clone, Copy)]
+struct IntSetCount {
+    /// Keys in the partition (committed plus this batch's).
+    keys: u64,
+    /// Whether this batch added keys (the count is then written at commit).
+    changed: bool,
+}
+
 /// One key column, in state-key order.
 #[derive(Debug, Clone)]
 struct KeyColumn {
@@ -158,6 +207,15 @@ struct Scratch {
     index_key: Vec<u8>,
     /// State keys found by an eviction scan.
     expired: Vec<Vec<u8>>,
+    /// Integer-set layout: (ordered value, row) of every keyed row.
+    values: Vec<(u64, u32)>,
+    /// Integer-set layout: per bucket touched, its key, partition and the
+    /// range of `values` it holds.
+    buckets: Vec<([u8; 9], u32, std::ops::Range<usize>)>,
+    /// Integer-set layout: containers read from a store.
+    containers: Vec<Option<Vec<u8>>>,
+    /// Integer-set layout: one encoded container.
+    encoded: Vec<u8>,
 }
 
 /// Spark's streaming `dropDuplicates` / `dropDuplicatesWithinWatermark`.
@@ -168,6 +226,10 @@ pub struct DedupOperator {
     /// Column index of the watermark's event time, when there is a watermark.
     event_time: Option<usize>,
     expiry: Expiry,
+    /// `Some` when the state is stored as integer sets.
+    int_key: Option<IntKey>,
+    /// Integer-set layout: keys per partition.
+    int_counts: Vec<IntSetCount>,
     stores: Vec<StateStore>,
     scratch: Scratch,
     /// State keys written since the last load or commit.
@@ -210,6 +272,7 @@ impl DedupOperator {
             message: e.to_string(),
         };
         let (keys, event_time, expiry) = plan(&config, input).map_err(invalid)?;
+        let int_key = IntKey::of(&keys, expiry);
         let mut stores = Vec::with_capacity(config.num_partitions as usize);
         for partition in 0..config.num_partitions {
             let dir = config.state_dir.join(partition.to_string());
@@ -226,6 +289,8 @@ impl DedupOperator {
             keys,
             event_time,
             expiry,
+            int_key,
+            int_counts: vec![IntSetCount::default(); stores.len()],
             stores,
             scratch: Scratch::default(),
             rows_updated: 0,
@@ -289,7 +354,10 @@ impl DedupOperator {
             return Err(self.invalid_rows(n));
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let result = self.dedup_rows(late_micros, batch, &mut scratch);
+        let result = match self.int_key {
+            Some(kind) => self.dedup_int_set(kind, late_micros, batch, &mut scratch),
+            None => self.dedup_rows(late_micros, batch, &mut scratch),
+        };
         self.scratch = scratch;
         let keep = result?;
         let kept = keep.count_set_bits();
@@ -437,6 +505,165 @@ impl DedupOperator {
         Ok(keep.finish())
     }
 
+    /// [`Self::dedup_rows`] for the integer-set layout: the batch's keyed
+    /// rows sorted by value (the first row of each value wins), grouped by
+    /// bucket, each partition's buckets read in one batched lookup, updated
+    /// and written back.
+    fn dedup_int_set(
+        &mut self,
+        kind: IntKey,
+        late_micros: i64,
+        batch: &RecordBatch,
+        scratch: &mut Scratch,
+    ) -> Result<BooleanBuffer, OperatorError> {
+        let n = batch.num_rows();
+        let late = match self.event_time {
+            Some(i) => {
+                let ts = batch
+                    .column(i)
+                    .as_primitive_opt::<TimestampMicrosecondType>()
+                    .ok_or_else(|| self.invalid(self.event_time_type_error(i)))?;
+                let (mask, dropped) = late_rows(ts, late_micros);
+                self.rows_dropped_late += dropped;
+                Some(mask)
+            }
+            None => None,
+        };
+        let column = batch.column(self.keys[0].index);
+        let nulls = column.logical_nulls();
+        let on_time = |row: usize| late.as_ref().is_none_or(|l| !l.value(row));
+        let values = &mut scratch.values;
+        values.clear();
+        values.reserve(n);
+        let mut null_row = None;
+        macro_rules! collect {
+            ($t:ty, $image:expr) => {{
+                let array = column
+                    .as_primitive_opt::<$t>()
+                    .ok_or_else(|| self.invalid(self.key_type_error()))?;
+                for (row, &v) in array.values().iter().enumerate() {
+                    if !on_time(row) {
+                        continue;
+                    }
+                    if nulls.as_ref().is_some_and(|nulls| nulls.is_null(row)) {
+                        null_row.get_or_insert(row);
+                        continue;
+                    }
+                    // `row < n <= u32::MAX`, checked by the caller.
+                    values.push(($image(v), row as u32));
+                }
+            }};
+        }
+        {
+            use arrow_array::types::{
+                Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
+                UInt64Type,
+            };
+            match (kind, column.data_type()) {
+                (IntKey::Signed, DataType::Int8) => {
+                    collect!(Int8Type, |v: i8| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int16) => {
+                    collect!(Int16Type, |v: i16| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int32) => {
+                    collect!(Int32Type, |v: i32| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int64) => collect!(Int64Type, int_set::ordered),
+                (IntKey::Signed, DataType::UInt8) => {
+                    collect!(UInt8Type, |v: u8| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::UInt16) => {
+                    collect!(UInt16Type, |v: u16| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::UInt32) => {
+                    collect!(UInt32Type, |v: u32| int_set::ordered(i64::from(v)))
+                }
+                (IntKey::Unsigned, DataType::UInt64) => collect!(UInt64Type, |v: u64| v),
+                _ => return Err(self.invalid(self.key_type_error())),
+            }
+        }
+        // Equal values end up ordered by row, so the first occurrence stays.
+        values.sort_unstable();
+        values.dedup_by_key(|v| v.0);
+
+        let partitions = self.stores.len() as u64;
+        let buckets = &mut scratch.buckets;
+        buckets.clear();
+        let mut start = 0;
+        while start < values.len() {
+            let bucket = int_set::bucket_of(values[start].0);
+            let mut end = start + 1;
+            while end < values.len() && int_set::bucket_of(values[end].0) == bucket {
+                end += 1;
+            }
+            let mut key = [0u8; 9];
+            key[0] = TAG_VALUE;
+            key[1..].copy_from_slice(&bucket.to_be_bytes());
+            // The partition is below `num_partitions: u32`.
+            let partition = (fnv1a(&key) % partitions) as u32;
+            buckets.push((key, partition, start..end));
+            start = end;
+        }
+        // Stable: each partition's buckets stay in key order.
+        buckets.sort_by_key(|b| b.1);
+
+        let mut keep = BooleanBufferBuilder::new(n);
+        keep.append_n(n, false);
+        for part in buckets.chunk_by(|a, b| a.1 == b.1) {
+            let p = part[0].1 as usize;
+            let store = &mut self.stores[p];
+            let keys: Vec<&[u8]> = part.iter().map(|b| b.0.as_slice()).collect();
+            store
+                .get_many(&keys, true, &mut scratch.containers)
+                .map_err(|e| state_error(self.name, e))?;
+            let mut added = 0u64;
+            for ((key, _, range), stored) in part.iter().zip(scratch.containers.iter()) {
+                let mut bucket = match stored {
+                    Some(bytes) => Bucket::decode(bytes)
+                        .map_err(|e| corrupt_bucket(self.name, store, key, &e))?,
+                    None => Bucket::default(),
+                };
+                let before = bucket.len();
+                for &(value, row) in &values[range.clone()] {
+                    if bucket.insert(value) {
+                        keep.set_bit(row as usize, true);
+                    }
+                }
+                let new = (bucket.len() - before) as u64;
+                if new > 0 {
+                    added += new;
+                    bucket.encode(&mut scratch.encoded);
+                    store
+                        .put(key, &scratch.encoded)
+                        .map_err(|e| state_error(self.name, e))?;
+                }
+            }
+            self.rows_updated += added;
+            let count = &mut self.int_counts[p];
+            count.keys += added;
+            count.changed |= added > 0;
+        }
+        if let Some(row) = null_row {
+            let p = (fnv1a(&[TAG_NULL]) % partitions) as usize;
+            let store = &mut self.stores[p];
+            if !store
+                .contains(&[TAG_NULL])
+                .map_err(|e| state_error(self.name, e))?
+            {
+                store
+                    .put_new(&[TAG_NULL], &[])
+                    .map_err(|e| state_error(self.name, e))?;
+                keep.set_bit(row, true);
+                self.rows_updated += 1;
+                let count = &mut self.int_counts[p];
+                count.keys += 1;
+                count.changed = true;
+            }
+        }
+        Ok(keep.finish())
+    }
+
     fn event_time_type_error(&self, index: usize) -> DedupError {
         let f = self.schema.field(index);
         DedupError::EventTimeType {
@@ -520,6 +747,41 @@ impl DedupOperator {
     }
 }
 
+/// A stored container of the integer-set layout that cannot be read.
+fn corrupt_bucket(
+    operator: &str,
+    store: &StateStore,
+    key: &[u8; 9],
+    e: &int_set::CorruptBucket,
+) -> OperatorError {
+    let mut bucket = [0u8; 8];
+    bucket.copy_from_slice(&key[1..]);
+    state_error(
+        operator,
+        StateError::corrupt(
+            store.dir(),
+            format!("the entry of bucket {}: {e}", u64::from_be_bytes(bucket)),
+        ),
+    )
+}
+
+/// The number of keys the integer-set layout recorded in `store`.
+fn read_count(store: &StateStore) -> Result<u64, StateError> {
+    match store.get(COUNT_KEY)? {
+        None => Ok(0),
+        Some(bytes) => bytes
+            .as_slice()
+            .try_into()
+            .map(u64::from_be_bytes)
+            .map_err(|_| {
+                StateError::corrupt(
+                    store.dir(),
+                    format!("the key count entry holds {} bytes, not 8", bytes.len()),
+                )
+            }),
+    }
+}
+
 fn state_error(operator: &str, source: StateError) -> OperatorError {
     OperatorError::State {
         operator: operator.to_owned(),
@@ -539,6 +801,14 @@ impl StatefulOperator for DedupOperator {
     fn load(&mut self, version: Option<u64>) -> Result<(), StateError> {
         for store in &mut self.stores {
             store.load(version)?;
+        }
+        if self.int_key.is_some() {
+            for (store, count) in self.stores.iter().zip(self.int_counts.iter_mut()) {
+                *count = IntSetCount {
+                    keys: read_count(store)?,
+                    changed: false,
+                };
+            }
         }
         self.rows_updated = 0;
         self.rows_removed = 0;
@@ -568,6 +838,12 @@ impl StatefulOperator for DedupOperator {
 
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         let started = Instant::now();
+        for (store, count) in self.stores.iter_mut().zip(self.int_counts.iter_mut()) {
+            if count.changed {
+                store.put(COUNT_KEY, &count.keys.to_be_bytes())?;
+                count.changed = false;
+            }
+        }
         for store in &mut self.stores {
             store.commit(batch_id)?;
         }
@@ -581,6 +857,9 @@ impl StatefulOperator for DedupOperator {
         if matches!(self.expiry, Expiry::WithinWatermark { .. }) {
             // Two store entries (key and expiry index) per deduplicated key.
             total /= 2;
+        }
+        if self.int_key.is_some() {
+            total = self.int_counts.iter().map(|c| c.keys).sum();
         }
         let metrics = OperatorMetrics {
             operator_name: self.name.to_owned(),
@@ -622,6 +901,9 @@ pub fn state_schema(config: &DedupConfig, input: &SchemaRef) -> Result<StateSche
         .map(|k| Field::new(&k.name, k.data_type.clone(), true))
         .collect();
     let value = match expiry {
+        _ if IntKey::of(&keys, expiry).is_some() => {
+            vec![Field::new(BUCKET_MEMBERS, DataType::Binary, false)]
+        }
         Expiry::WithinWatermark { .. } => vec![Field::new(
             "expires_at",
             DataType::Timestamp(TimeUnit::Microsecond, None),
@@ -1217,5 +1499,143 @@ mod tests {
         assert_eq!(s.key.len(), 1);
         assert_eq!(s.value[0].name(), "expires_at");
         assert!(!dir.path().join("0").exists(), "no store was opened");
+        // One integer key, never evicted: stored as integer sets.
+        let s = state_schema(&config(dir.path(), &["order_id"], true), &schema())
+            .expect("valid config");
+        assert_eq!(s.key.len(), 1);
+        assert_eq!(s.value[0].name(), BUCKET_MEMBERS);
+    }
+
+    /// A small deterministic generator (xorshift) for the model tests.
+    struct Xorshift(u64);
+
+    impl Xorshift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    /// Dense runs, sparse and extreme values, nulls and late rows over many
+    /// batches, with restarts and a replayed batch: the integer-set layout
+    /// keeps exactly the rows a set of seen keys keeps, on both stores.
+    #[test]
+    fn the_integer_set_layout_keeps_what_a_set_of_keys_keeps() {
+        for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+            let dir = TempDir::new().expect("tempdir");
+            let mut cfg = config(dir.path(), &["order_id"], true);
+            cfg.state.kind = kind;
+            cfg.state.snapshot_interval = 3;
+            let mut op = open(cfg.clone(), None);
+            assert!(
+                op.int_key.is_some(),
+                "one integer key uses the integer sets"
+            );
+            let mut seen = HashSet::new();
+            let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
+            let extremes = [
+                i64::MIN,
+                i64::MIN + 1,
+                -4097,
+                -4096,
+                -1,
+                0,
+                4095,
+                4096,
+                i64::MAX,
+            ];
+            for id in 0..12u64 {
+                let mut rows: Vec<Row> = Vec::new();
+                let base = id as i64 * 3_000;
+                for i in 0..2_000i64 {
+                    let r = rng.next();
+                    let key = match r % 10 {
+                        // Dense: fills buckets past 256 members (bitmaps).
+                        0..=5 => Some(base + i),
+                        6 => Some(base + i - 2_500),
+                        7 => Some((rng.next() >> 1) as i64 * if r & 1 == 0 { 1 } else { -1 }),
+                        8 => Some(extremes[(r >> 8) as usize % extremes.len()]),
+                        _ => None,
+                    };
+                    // Event times: some rows late against a watermark of 5 min.
+                    let ts = if r.is_multiple_of(7) {
+                        4 * MIN
+                    } else {
+                        10 * MIN
+                    };
+                    rows.push((key, Some("a"), Some(ts)));
+                }
+                let expected: Vec<Row> = rows
+                    .iter()
+                    .filter(|r| r.2 > Some(5 * MIN))
+                    .filter(|r| seen.insert(r.0))
+                    .copied()
+                    .collect();
+                let (out, m) = step(&mut op, id, 5 * MIN_MS, 5 * MIN_MS, &[&rows]);
+                assert_eq!(out, expected, "{kind} batch {id}");
+                assert_eq!(m.num_rows_total, seen.len() as u64, "{kind} batch {id}");
+                assert_eq!(m.num_rows_updated, expected.len() as u64);
+                assert_eq!(
+                    m.num_rows_dropped_by_watermark,
+                    rows.iter().filter(|r| r.2 <= Some(5 * MIN)).count() as u64
+                );
+                if id == 5 {
+                    // Restart from the checkpoint: the same state and count.
+                    drop(op);
+                    op = open(cfg.clone(), Some(id));
+                }
+                if id == 8 {
+                    // Batch 9 fails after processing and is replayed from 8.
+                    let input = batch(&[(Some(-7_777_777), Some("a"), Some(10 * MIN))]);
+                    let ctx = StatefulContext {
+                        batch_id: 9,
+                        late_ms: 0,
+                        watermark_ms: 0,
+                    };
+                    assert_eq!(op.process(&ctx, &[input]).expect("runs")[0].num_rows(), 1);
+                    op.load(Some(8)).expect("reloads version 8");
+                }
+            }
+            // One entry per bucket (plus the null key and each partition's
+            // count), not one per key.
+            let buckets: HashSet<u64> = seen
+                .iter()
+                .flatten()
+                .map(|&k| int_set::bucket_of(int_set::ordered(k)))
+                .collect();
+            let entries: u64 = op.stores.iter().map(|s| s.metrics().num_rows_total).sum();
+            assert_eq!(entries, buckets.len() as u64 + 1 + 2, "{kind}");
+            assert!(entries * 5 < seen.len() as u64, "{kind}: {entries} entries");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_bucket_fails_the_batch_naming_the_store_and_bucket() {
+        let dir = TempDir::new().expect("tempdir");
+        let mut op = open(config(dir.path(), &["order_id"], false), None);
+        step(&mut op, 0, 0, 0, &[&[(Some(5), Some("a"), None)]]);
+        let mut key = [0u8; 9];
+        key[0] = TAG_VALUE;
+        key[1..].copy_from_slice(&int_set::bucket_of(int_set::ordered(5)).to_be_bytes());
+        let p = (fnv1a(&key) % 2) as usize;
+        op.stores[p].put(&key, &[0x07]).expect("put");
+        let ctx = StatefulContext {
+            batch_id: 1,
+            late_ms: 0,
+            watermark_ms: 0,
+        };
+        let err = op
+            .process(&ctx, &[batch(&[(Some(6), Some("a"), None)])])
+            .expect_err("corrupt bucket");
+        let text = err.to_string();
+        let bucket = int_set::bucket_of(int_set::ordered(5));
+        assert!(text.contains(&format!("bucket {bucket}")), "{text}");
+        assert!(text.contains("unknown container tag 0x07"), "{text}");
+        assert!(
+            text.contains(&dir.path().join(p.to_string()).display().to_string()),
+            "{text}"
+        );
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod dedup;
+mod int_set;
 mod key_encoding;
 pub mod stateful;
 pub mod wasm_state;

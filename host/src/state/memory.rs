@@ -61,6 +61,16 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    fn get_many(
+        &self,
+        keys: &[&[u8]],
+        _sorted: bool,
+        values: &mut Vec<Option<Vec<u8>>>,
+    ) -> Result<(), StateError> {
+        values.extend(keys.iter().map(|k| self.map.get(*k).cloned()));
+        Ok(())
+    }
+
     fn apply<'a>(
         &mut self,
         changes: &mut dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,

@@ -138,6 +138,13 @@ trait Backend: Send + std::fmt::Debug {
     /// Appends to `found` whether each of `keys` is present; `sorted` when
     /// the keys ascend bytewise (lets RocksDB skip sorting them).
     fn exist(&self, keys: &[&[u8]], sorted: bool, found: &mut Vec<bool>) -> Result<(), StateError>;
+    /// Appends the value of each of `keys` to `values`, as [`Self::exist`].
+    fn get_many(
+        &self,
+        keys: &[&[u8]],
+        sorted: bool,
+        values: &mut Vec<Option<Vec<u8>>>,
+    ) -> Result<(), StateError>;
     /// Applies puts (`Some`) and deletes (`None`) in order.
     fn apply<'a>(
         &mut self,
@@ -426,6 +433,46 @@ impl StateStore {
         self.backend.exist(&unknown, sorted, &mut committed)?;
         for (i, hit) in at.into_iter().zip(committed) {
             found[i] = hit;
+        }
+        Ok(())
+    }
+
+    /// Replaces `values` with the value of each of `keys`, including this
+    /// batch's writes, in one batched lookup as [`Self::contains_many`].
+    ///
+    /// # Errors
+    /// When the backend cannot be read.
+    pub fn get_many(
+        &self,
+        keys: &[&[u8]],
+        sorted: bool,
+        values: &mut Vec<Option<Vec<u8>>>,
+    ) -> Result<(), StateError> {
+        self.ensure_ready();
+        values.clear();
+        self.probe_hit.set(None);
+        if self.pending.is_empty() {
+            return self.backend.get_many(keys, sorted, values);
+        }
+        let mut unknown = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match self.pending.get(*key) {
+                Some(pending) => values.push(pending.clone()),
+                None => {
+                    values.push(None);
+                    unknown.push(*key);
+                    at.push(i);
+                }
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let mut committed = Vec::with_capacity(unknown.len());
+        self.backend.get_many(&unknown, sorted, &mut committed)?;
+        for (i, value) in at.into_iter().zip(committed) {
+            values[i] = value;
         }
         Ok(())
     }

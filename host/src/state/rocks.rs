@@ -30,6 +30,8 @@ const BLOCK_CACHE_BYTES: usize = 4 * 1024 * 1024;
 /// Share of the memtable given to its own bloom filter, so that a lookup of
 /// an absent key skips the memtable's skip list (most deduplication lookups).
 const MEMTABLE_BLOOM_RATIO: f64 = 0.05;
+/// Keys per batched lookup (RocksDB itself works through 32 at a time).
+const MULTI_GET_CHUNK: usize = 1024;
 
 pub(super) struct RocksBackend {
     dir: PathBuf,
@@ -45,11 +47,18 @@ impl std::fmt::Debug for RocksBackend {
     }
 }
 
-/// RocksDB allocates memtable memory in blocks of an eighth of the memtable.
-/// glibc's dynamic mmap threshold rises to the size of the first such block
-/// freed, after which the blocks come from the heap and stay resident when
-/// the memtable is dropped; a fixed threshold keeps them mmapped, so a
-/// flushed memtable returns its memory (16 MB less peak RSS over 10M keys).
+/// RocksDB allocates memtable memory in blocks of an eighth of the memtable
+/// (1 MB). glibc's dynamic mmap threshold rises to the size of the first
+/// such block freed, after which the blocks come from the heap and stay
+/// resident when the memtable is dropped; a fixed threshold keeps them
+/// mmapped, so a flushed memtable returns its memory (16 MB less peak RSS
+/// over 10M keys stored one per entry). At 1 MB rather than glibc's initial
+/// 128 KB: the per-batch buffers below it (Arrow columns, lookup arrays)
+/// are then reused from the heap instead of being mapped, zero-filled and
+/// unmapped every batch, which cost 45 % of the 10M-order deduplication's
+/// CPU time (BENCHMARKS.md §2.2).
+const MMAP_THRESHOLD_BYTES: i32 = 1024 * 1024;
+
 fn fix_mmap_threshold() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -57,7 +66,7 @@ fn fix_mmap_threshold() {
         // SAFETY: `mallopt` only changes an allocator setting; it is called
         // once, with a valid parameter and value.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
         }
     });
 }
@@ -112,6 +121,14 @@ impl RocksBackend {
         }
     }
 
+    fn default_cf<'d>(&self, db: &'d DB) -> Result<&'d rocksdb::ColumnFamily, StateError> {
+        db.cf_handle(DEFAULT_COLUMN_FAMILY_NAME)
+            .ok_or_else(|| StateError::RocksDb {
+                dir: self.dir.clone(),
+                message: "the default column family is not open".into(),
+            })
+    }
+
     fn db(&self) -> Result<&DB, StateError> {
         self.db.as_ref().ok_or_else(|| StateError::RocksDb {
             dir: self.dir.clone(),
@@ -159,16 +176,30 @@ impl Backend for RocksBackend {
 
     fn exist(&self, keys: &[&[u8]], sorted: bool, found: &mut Vec<bool>) -> Result<(), StateError> {
         let db = self.db()?;
-        let cf = db
-            .cf_handle(DEFAULT_COLUMN_FAMILY_NAME)
-            .ok_or_else(|| StateError::RocksDb {
-                dir: self.dir.clone(),
-                message: "the default column family is not open".into(),
-            })?;
-        // One batched lookup: RocksDB probes the filters of a whole batch
-        // with prefetching and searches each table once for the batch.
-        for value in db.batched_multi_get_cf(cf, keys.iter().copied(), sorted) {
-            found.push(value.map_err(|e| self.err(e))?.is_some());
+        let cf = self.default_cf(db)?;
+        // Batched lookups: RocksDB probes the filters of a whole chunk with
+        // prefetching and searches each table once per chunk. Chunks keep
+        // its per-call arrays small enough to be reused from the heap.
+        for chunk in keys.chunks(MULTI_GET_CHUNK) {
+            for value in db.batched_multi_get_cf(cf, chunk.iter().copied(), sorted) {
+                found.push(value.map_err(|e| self.err(e))?.is_some());
+            }
+        }
+        Ok(())
+    }
+
+    fn get_many(
+        &self,
+        keys: &[&[u8]],
+        sorted: bool,
+        values: &mut Vec<Option<Vec<u8>>>,
+    ) -> Result<(), StateError> {
+        let db = self.db()?;
+        let cf = self.default_cf(db)?;
+        for chunk in keys.chunks(MULTI_GET_CHUNK) {
+            for value in db.batched_multi_get_cf(cf, chunk.iter().copied(), sorted) {
+                values.push(value.map_err(|e| self.err(e))?.map(|v| v.to_vec()));
+            }
         }
         Ok(())
     }
