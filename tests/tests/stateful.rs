@@ -667,6 +667,82 @@ fn a_checkpoint_with_the_older_fingerprint_resumes_when_its_keys_match() -> Resu
     Ok(())
 }
 
+/// A checkpoint whose deduplication on one integer key was written with one
+/// state entry per key (every build before integer sets recorded the value
+/// schema `[]`) resumes in that layout instead of being refused or misread.
+#[test]
+fn a_dedup_checkpoint_with_one_entry_per_key_keeps_its_layout() -> Result<()> {
+    let ws = Workspace::new(6, 20)?;
+    let text = to_files_sink(&dedup("per_key", r#"["order_id"]"#, false), "out/per_key");
+    let checkpoint = ws.path().join("checkpoints/per_key");
+    // Created before any batch, then recorded as an older build did.
+    let put_back_all = hold_back(&ws, 0)?;
+    let empty = run(ws.path(), &text).map_err(anyhow::Error::msg)?;
+    assert_eq!(empty.batches, 0, "{empty:?}");
+    assert_eq!(
+        fingerprint(&checkpoint)?["state_value"]["columns"],
+        serde_json::json!(["bucket_members Binary"]),
+        "a new checkpoint stores one integer key as integer sets"
+    );
+    let path = checkpoint.join("metadata");
+    let mut metadata: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    metadata["fingerprint"]["state_value"]["columns"] = serde_json::json!([]);
+    std::fs::write(&path, format!("{metadata}\n"))?;
+    put_back_all()?;
+
+    let put_back = hold_back(&ws, 3)?;
+    let first = run(ws.path(), &text).map_err(anyhow::Error::msg)?;
+    assert!(first.batches >= 3, "{first:?}");
+    put_back()?;
+    // Orders of the first batches again: duplicates across the restart.
+    let data = ws.path().join("data/orders");
+    let mut names: Vec<_> = std::fs::read_dir(&data)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    let again: String = std::fs::read_to_string(&names[0])?
+        .lines()
+        .take(8)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(data.join("zz-again.json"), again)?;
+    let second = run(ws.path(), &text).map_err(anyhow::Error::msg)?;
+    assert!(second.batches >= 4, "{second:?}");
+    assert_eq!(
+        fingerprint(&checkpoint)?["state_value"]["columns"],
+        serde_json::json!([]),
+        "the layout the checkpoint recorded is kept"
+    );
+
+    // The same input on a new checkpoint (integer sets), uninterrupted.
+    let reference = text
+        .replace("checkpoints/per_key", "checkpoints/sets")
+        .replace("out/per_key", "out/sets");
+    run(ws.path(), &reference).map_err(anyhow::Error::msg)?;
+    let order_ids = |dir: &str| -> Result<Vec<i64>> {
+        let mut ids = sink_lines(&ws.path().join(dir))?
+            .iter()
+            .map(|l| {
+                Ok(serde_json::from_str::<serde_json::Value>(l)?["order_id"]
+                    .as_i64()
+                    .unwrap_or(-1))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
+    };
+    let ids = order_ids("out/per_key")?;
+    let valid = ws.orders.lines - ws.orders.malformed;
+    assert_eq!(
+        ids.len() as u64,
+        valid,
+        "every order once, the repeats dropped"
+    );
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "no order twice");
+    assert_eq!(ids, order_ids("out/sets")?);
+    Ok(())
+}
+
 #[test]
 fn dedup_state_stays_bounded_with_the_event_time_among_its_keys_and_grows_without() -> Result<()> {
     // 150 one-minute files: 150 batches of 20 orders each.

@@ -87,7 +87,7 @@ const EXPIRY_HEAD: usize = 9;
 /// Integer-set layout: the key of a partition's key count.
 const COUNT_KEY: &[u8] = &[0x00];
 /// Integer-set layout: the value column recorded in the state schema.
-const BUCKET_MEMBERS: &str = "bucket_members";
+pub const BUCKET_MEMBERS: &str = "bucket_members";
 
 /// How to deduplicate a stream.
 #[derive(Debug, Clone)]
@@ -105,6 +105,9 @@ pub struct DedupConfig {
     /// `<checkpoint>/state/<operator>`; partition `p` is stored in `p/`.
     pub state_dir: PathBuf,
     pub state: StateOptions,
+    /// One state entry per key even for one integer key: the layout of
+    /// checkpoints written before integer sets, which keep it.
+    pub one_entry_per_key: bool,
 }
 
 /// What is wrong with a [`DedupConfig`] or an input batch.
@@ -158,11 +161,12 @@ enum IntKey {
 }
 
 impl IntKey {
-    /// The integer-set layout applies to one integer key that is never evicted.
-    fn of(keys: &[KeyColumn], expiry: Expiry) -> Option<Self> {
+    /// The integer-set layout applies to one integer key that is never
+    /// evicted, unless `config` keeps one entry per key.
+    fn of(config: &DedupConfig, keys: &[KeyColumn], expiry: Expiry) -> Option<Self> {
         use DataType as D;
         let [key] = keys else { return None };
-        if expiry != Expiry::Never {
+        if expiry != Expiry::Never || config.one_entry_per_key {
             return None;
         }
         match key.data_type {
@@ -272,7 +276,7 @@ impl DedupOperator {
             message: e.to_string(),
         };
         let (keys, event_time, expiry) = plan(&config, input).map_err(invalid)?;
-        let int_key = IntKey::of(&keys, expiry);
+        let int_key = IntKey::of(&config, &keys, expiry);
         let mut stores = Vec::with_capacity(config.num_partitions as usize);
         for partition in 0..config.num_partitions {
             let dir = config.state_dir.join(partition.to_string());
@@ -901,7 +905,7 @@ pub fn state_schema(config: &DedupConfig, input: &SchemaRef) -> Result<StateSche
         .map(|k| Field::new(&k.name, k.data_type.clone(), true))
         .collect();
     let value = match expiry {
-        _ if IntKey::of(&keys, expiry).is_some() => {
+        _ if IntKey::of(config, &keys, expiry).is_some() => {
             vec![Field::new(BUCKET_MEMBERS, DataType::Binary, false)]
         }
         Expiry::WithinWatermark { .. } => vec![Field::new(
@@ -1164,6 +1168,7 @@ mod tests {
                 kind: StoreKind::Memory,
                 ..StateOptions::default()
             },
+            one_entry_per_key: false,
         }
     }
 

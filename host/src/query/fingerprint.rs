@@ -181,6 +181,30 @@ pub fn of(
     })
 }
 
+/// Whether the recorded fingerprint `old` is of a deduplication whose state
+/// holds one entry per key: every checkpoint written before integer sets
+/// (their value schema has no `bucket_members` column, or the fingerprint
+/// predates value schemas).
+pub fn records_dedup_entries_per_key(old: &Value) -> bool {
+    let dedup = old
+        .get("stateful")
+        .and_then(|s| s.get("kind"))
+        .and_then(Value::as_str)
+        == Some("deduplicate");
+    let sets = old
+        .get("state_value")
+        .and_then(|v| v.get("columns"))
+        .and_then(Value::as_array)
+        .is_some_and(|columns| {
+            columns.iter().any(|c| {
+                c.as_str().is_some_and(|c| {
+                    c.split(' ').next() == Some(crate::operator::dedup::BUCKET_MEMBERS)
+                })
+            })
+        });
+    dedup && !sets
+}
+
 /// Outcome of comparing the recorded fingerprint with the current one.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Comparison {
@@ -339,5 +363,25 @@ mod tests {
         let stateless = json!({"stateful_schema": null, "sink": "memory"});
         let c = compare(&stateless, &new);
         assert!(c.refused.is_empty(), "{c:?}");
+    }
+
+    #[test]
+    fn dedup_checkpoints_before_integer_sets_are_recognised() {
+        let dedup =
+            |value: Value| json!({ "stateful": { "kind": "deduplicate" }, "state_value": value });
+        // The value schema `[]` (one entry per key), or none recorded at all.
+        assert!(records_dedup_entries_per_key(&dedup(
+            json!({ "operator": "dedupe", "columns": [] })
+        )));
+        assert!(records_dedup_entries_per_key(
+            &json!({ "stateful": { "kind": "deduplicate" } })
+        ));
+        assert!(!records_dedup_entries_per_key(&dedup(
+            json!({ "operator": "dedupe", "columns": ["bucket_members Binary"] })
+        )));
+        let aggregate =
+            json!({ "stateful": { "kind": "aggregate" }, "state_value": { "columns": [] } });
+        assert!(!records_dedup_entries_per_key(&aggregate));
+        assert!(!records_dedup_entries_per_key(&json!({ "stateful": null })));
     }
 }

@@ -378,7 +378,10 @@ impl Query {
         };
         // Planned, not opened: no state store is touched before the
         // fingerprint check, so a refused restart leaves the checkpoint as it was.
-        let planned = plan_stateful(&pipeline, checkpoint.dir(), &schema)?;
+        let mut planned = plan_stateful(&pipeline, checkpoint.dir(), &schema)?;
+        if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
+            p.keep_recorded_layout(recorded, &schema)?;
+        }
 
         // The checkpoint must have been written by this query (§3.3).
         let plugins: Vec<(String, String)> = transforms
@@ -1242,6 +1245,34 @@ enum StatefulConfig {
 }
 
 impl PlannedStateful {
+    /// Keeps the state layout a checkpoint recorded: deduplication on one
+    /// integer key stays one entry per key in a checkpoint written before
+    /// integer sets (whose fingerprint then matches as before).
+    fn keep_recorded_layout(
+        &mut self,
+        recorded: &serde_json::Value,
+        schema: &SchemaRef,
+    ) -> Result<(), QueryError> {
+        let StatefulConfig::Dedup(config) = &mut self.config else {
+            return Ok(());
+        };
+        let uses_sets = self
+            .state_schema
+            .value
+            .iter()
+            .any(|f| f.name() == crate::operator::dedup::BUCKET_MEMBERS);
+        if uses_sets && fingerprint::records_dedup_entries_per_key(recorded) {
+            config.one_entry_per_key = true;
+            self.state_schema = crate::operator::dedup::state_schema(config, schema)?;
+            tracing::info!(
+                "the checkpoint's deduplication state has one entry per key (written before \
+                 integer sets): it keeps that layout; a new checkpoint stores one integer key \
+                 as integer sets"
+            );
+        }
+        Ok(())
+    }
+
     /// Opens the operator's state stores (creating them on a first start).
     fn open(self, schema: &SchemaRef) -> Result<Box<dyn StatefulOperator>, QueryError> {
         Ok(match self.config {
@@ -1339,6 +1370,7 @@ fn plan_stateful(
             num_partitions: query.state_partitions,
             state_dir,
             state,
+            one_entry_per_key: false,
         };
         let state_schema = crate::operator::dedup::state_schema(&config, schema)?;
         return Ok(Some(PlannedStateful {
