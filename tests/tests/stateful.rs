@@ -178,6 +178,20 @@ fn hold_back(ws: &Workspace, from: usize) -> Result<impl FnOnce() -> Result<()>>
     })
 }
 
+/// The `order_id`s of the JSON lines a files sink wrote into `dir`, sorted.
+fn sorted_order_ids(dir: &Path) -> Result<Vec<i64>> {
+    let mut ids = sink_lines(dir)?
+        .iter()
+        .map(|l| {
+            Ok(serde_json::from_str::<serde_json::Value>(l)?["order_id"]
+                .as_i64()
+                .unwrap_or(-1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
 /// The JSON lines a files sink wrote into `dir`, sorted.
 fn sink_lines(dir: &Path) -> Result<Vec<String>> {
     let mut lines = Vec::new();
@@ -496,18 +510,7 @@ fn a_new_column_upstream_of_an_aggregation_or_a_dedup_is_accepted() -> Result<()
         sink_lines(&ws.path().join("out/agg_ref"))?
     );
     // The dedup kept the same orders; the later rows carry the new column.
-    let order_ids = |dir: &str| -> Result<Vec<i64>> {
-        let mut ids = sink_lines(&ws.path().join(dir))?
-            .iter()
-            .map(|l| {
-                Ok(serde_json::from_str::<serde_json::Value>(l)?["order_id"]
-                    .as_i64()
-                    .unwrap_or(-1))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        ids.sort_unstable();
-        Ok(ids)
-    };
+    let order_ids = |dir: &str| sorted_order_ids(&ws.path().join(dir));
     let (ids, reference) = (order_ids("out/dedup")?, order_ids("out/dedup_ref")?);
     assert!(!ids.is_empty());
     assert_eq!(ids, reference);
@@ -719,18 +722,7 @@ fn a_dedup_checkpoint_with_one_entry_per_key_keeps_its_layout() -> Result<()> {
         .replace("checkpoints/per_key", "checkpoints/sets")
         .replace("out/per_key", "out/sets");
     run(ws.path(), &reference).map_err(anyhow::Error::msg)?;
-    let order_ids = |dir: &str| -> Result<Vec<i64>> {
-        let mut ids = sink_lines(&ws.path().join(dir))?
-            .iter()
-            .map(|l| {
-                Ok(serde_json::from_str::<serde_json::Value>(l)?["order_id"]
-                    .as_i64()
-                    .unwrap_or(-1))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        ids.sort_unstable();
-        Ok(ids)
-    };
+    let order_ids = |dir: &str| sorted_order_ids(&ws.path().join(dir));
     let ids = order_ids("out/per_key")?;
     let valid = ws.orders.lines - ws.orders.malformed;
     assert_eq!(

@@ -769,23 +769,6 @@ fn corrupt_bucket(
     )
 }
 
-/// The number of keys the integer-set layout recorded in `store`.
-fn read_count(store: &StateStore) -> Result<u64, StateError> {
-    match store.get(COUNT_KEY)? {
-        None => Ok(0),
-        Some(bytes) => bytes
-            .as_slice()
-            .try_into()
-            .map(u64::from_be_bytes)
-            .map_err(|_| {
-                StateError::corrupt(
-                    store.dir(),
-                    format!("the key count entry holds {} bytes, not 8", bytes.len()),
-                )
-            }),
-    }
-}
-
 fn state_error(operator: &str, source: StateError) -> OperatorError {
     OperatorError::State {
         operator: operator.to_owned(),
@@ -809,7 +792,7 @@ impl StatefulOperator for DedupOperator {
         if self.int_key.is_some() {
             for (store, count) in self.stores.iter().zip(self.int_counts.iter_mut()) {
                 *count = IntSetCount {
-                    keys: read_count(store)?,
+                    keys: store.get_count(COUNT_KEY)?,
                     changed: false,
                 };
             }

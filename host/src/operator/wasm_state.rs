@@ -121,19 +121,7 @@ impl KeyedState {
     pub fn load(&mut self, version: Option<u64>, watermark_ms: i64) -> Result<(), StateError> {
         for (p, store) in self.stores.iter_mut().enumerate() {
             store.load(version)?;
-            self.keys[p] = match store.get(META_KEYS)? {
-                Some(raw) => raw
-                    .as_slice()
-                    .try_into()
-                    .map(u64::from_be_bytes)
-                    .map_err(|_| {
-                        StateError::corrupt(
-                            store.dir(),
-                            format!("its key count holds {} bytes, not 8", raw.len()),
-                        )
-                    })?,
-                None => 0,
-            };
+            self.keys[p] = store.get_count(META_KEYS)?;
             self.keys_dirty[p] = false;
         }
         self.watermark_micros = watermark_ms.saturating_mul(1000);

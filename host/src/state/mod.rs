@@ -407,34 +407,9 @@ impl StateStore {
         sorted: bool,
         found: &mut Vec<bool>,
     ) -> Result<(), StateError> {
-        self.ensure_ready();
-        found.clear();
-        self.probe_hit.set(None);
-        if self.pending.is_empty() {
-            return self.backend.exist(keys, sorted, found);
-        }
-        // This batch's writes answer for their keys; the backend for the rest.
-        let mut unknown = Vec::with_capacity(keys.len());
-        let mut at = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            match self.pending.get(*key) {
-                Some(pending) => found.push(pending.is_some()),
-                None => {
-                    found.push(false);
-                    unknown.push(*key);
-                    at.push(i);
-                }
-            }
-        }
-        if unknown.is_empty() {
-            return Ok(());
-        }
-        let mut committed = Vec::with_capacity(unknown.len());
-        self.backend.exist(&unknown, sorted, &mut committed)?;
-        for (i, hit) in at.into_iter().zip(committed) {
-            found[i] = hit;
-        }
-        Ok(())
+        self.lookup_many(keys, found, Option::is_some, |unknown, out| {
+            self.backend.exist(unknown, sorted, out)
+        })
     }
 
     /// Replaces `values` with the value of each of `keys`, including this
@@ -448,19 +423,33 @@ impl StateStore {
         sorted: bool,
         values: &mut Vec<Option<Vec<u8>>>,
     ) -> Result<(), StateError> {
+        self.lookup_many(keys, values, Clone::clone, |unknown, out| {
+            self.backend.get_many(unknown, sorted, out)
+        })
+    }
+
+    /// A batched lookup: this batch's writes answer for their keys
+    /// (`pending` turns one into the answer), `backend` for the rest.
+    fn lookup_many<T: Default>(
+        &self,
+        keys: &[&[u8]],
+        out: &mut Vec<T>,
+        pending: impl Fn(&Option<Vec<u8>>) -> T,
+        backend: impl Fn(&[&[u8]], &mut Vec<T>) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
         self.ensure_ready();
-        values.clear();
+        out.clear();
         self.probe_hit.set(None);
         if self.pending.is_empty() {
-            return self.backend.get_many(keys, sorted, values);
+            return backend(keys, out);
         }
         let mut unknown = Vec::with_capacity(keys.len());
         let mut at = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             match self.pending.get(*key) {
-                Some(pending) => values.push(pending.clone()),
+                Some(write) => out.push(pending(write)),
                 None => {
-                    values.push(None);
+                    out.push(T::default());
                     unknown.push(*key);
                     at.push(i);
                 }
@@ -470,11 +459,32 @@ impl StateStore {
             return Ok(());
         }
         let mut committed = Vec::with_capacity(unknown.len());
-        self.backend.get_many(&unknown, sorted, &mut committed)?;
-        for (i, value) in at.into_iter().zip(committed) {
-            values[i] = value;
+        backend(&unknown, &mut committed)?;
+        for (i, answer) in at.into_iter().zip(committed) {
+            out[i] = answer;
         }
         Ok(())
+    }
+
+    /// The 8-byte big-endian counter stored under `key` (0 when absent):
+    /// operators keep their key counts this way.
+    ///
+    /// # Errors
+    /// When the backend cannot be read, or the entry is not 8 bytes.
+    pub fn get_count(&self, key: &[u8]) -> Result<u64, StateError> {
+        match self.get(key)? {
+            None => Ok(0),
+            Some(raw) => raw
+                .as_slice()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| {
+                    StateError::corrupt(
+                        &self.dir,
+                        format!("its key count entry holds {} bytes, not 8", raw.len()),
+                    )
+                }),
+        }
     }
 
     fn remember_probe(&self, key: &[u8], hit: bool) {
