@@ -264,6 +264,7 @@ impl DeltaMerge {
             return Ok(None);
         }
         let mut files = Vec::new();
+        let mut stats = Vec::new();
         for view in snapshot.log_data().iter() {
             let remove = view.remove_action(true);
             if view.deletion_vector_descriptor().is_some() {
@@ -275,6 +276,7 @@ impl DeltaMerge {
                 });
             }
             files.push(remove);
+            stats.push(view.stats().and_then(|s| serde_json::from_str(&s).ok()));
         }
         let writer = RecordBatchWriter::for_table(table)
             .map_err(self.delta_error(batch_id, "start writing Parquet files"))?
@@ -285,6 +287,7 @@ impl DeltaMerge {
             runtime: &self.runtime,
             schema: &schema,
             files: &files,
+            stats: &stats,
             writer,
             rewritten: Vec::new(),
         };
@@ -423,7 +426,7 @@ impl DeltaMerge {
             })?;
         let version = finalized.version();
         table.state = Some(finalized.snapshot());
-        tracing::debug!(table = %path.display(), batch_id, version, updated = prepared.counts.updated, inserted = prepared.counts.inserted, "delta merge");
+        tracing::debug!(table = %path.display(), batch_id, version, updated = prepared.counts.updated, inserted = prepared.counts.inserted, files_pruned = prepared.counts.files_pruned, "delta merge");
         Ok(MergeOutcome::Merged {
             version,
             counts: prepared.counts,
@@ -443,6 +446,8 @@ struct TableFiles<'a> {
     schema: &'a SchemaRef,
     /// The snapshot's files, as the `remove` actions that drop them.
     files: &'a [Remove],
+    /// Each file's statistics (Delta's `stats` JSON), when recorded.
+    stats: &'a [Option<serde_json::Value>],
     writer: RecordBatchWriter,
     /// Indices into `files` of the files rewritten.
     rewritten: Vec<usize>,
@@ -474,6 +479,13 @@ impl TableFiles<'_> {
 
 impl plan::Target for TableFiles<'_> {
     type Error = DeltaMergeError;
+
+    fn key_range(&self, file: usize, column: &str) -> Option<(i64, i64)> {
+        let stats = self.stats.get(file)?.as_ref()?;
+        let lo = stats.get("minValues")?.get(column)?.as_i64()?;
+        let hi = stats.get("maxValues")?.get(column)?.as_i64()?;
+        Some((lo, hi))
+    }
 
     fn files(&self) -> usize {
         self.files.len()
@@ -650,6 +662,29 @@ mod tests {
         );
         assert_eq!(again.merge(2, &batch(&[])).unwrap(), MergeOutcome::Empty);
         assert_eq!(rows(dir.path()), vec![(1, 5), (2, 1), (3, 1)]);
+    }
+
+    #[test]
+    fn files_whose_key_statistics_miss_the_batch_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = DeltaMerge::new(options(dir.path(), "q")).unwrap();
+        m.merge(0, &batch(&[(1, 1), (2, 1)])).unwrap();
+        m.merge(1, &batch(&[(100, 1), (101, 1)])).unwrap();
+        // Key 100 lies only in the second file's range (100..=101).
+        let MergeOutcome::Merged {
+            counts,
+            files_removed,
+            ..
+        } = m.merge(2, &batch(&[(100, 7), (102, 1)])).unwrap()
+        else {
+            panic!("batch 2 was not merged")
+        };
+        assert_eq!((counts.updated, counts.inserted), (1, 1));
+        assert_eq!((counts.files_pruned, files_removed), (1, 1));
+        assert_eq!(
+            rows(dir.path()),
+            vec![(1, 1), (2, 1), (100, 7), (101, 1), (102, 1)]
+        );
     }
 
     #[test]

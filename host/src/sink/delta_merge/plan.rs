@@ -2,7 +2,8 @@
 //! kernels and no Delta in sight, so that it is tested on plain batches.
 //!
 //! The batch's keys are encoded once with `arrow-row` (one byte string per row, comparable and
-//! hashable whatever the key columns' types) into a map key → source row. Each target file's key
+//! hashable whatever the key columns' types) into a map key → source row. A target file whose
+//! recorded range of an integer key column misses the batch's is skipped unread; each other file's key
 //! columns are encoded the same way and looked up, giving aligned lists of (target row, source
 //! row) matches; the condition is one comparison kernel over the two `take`n columns; a file with
 //! updates is rebuilt by one `interleave` of its rows and the batch's. No step allocates per row.
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{ArrayRef, BooleanArray, Datum, RecordBatch, UInt32Array};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_row::{RowConverter, Rows, SortField};
@@ -24,6 +26,10 @@ pub(super) trait Target {
     type Error;
     /// How many data files the table has.
     fn files(&self) -> usize;
+    /// The least and greatest value of the integer column `column` in file `file`, when the
+    /// table records them (Delta's file statistics). A file whose range of some key column
+    /// misses every key of the batch holds no match and is not read.
+    fn key_range(&self, file: usize, column: &str) -> Option<(i64, i64)>;
     /// The named columns of file `file` (in that order), or with `None` all of them with the
     /// batch's schema.
     fn read(&mut self, file: usize, columns: Option<&[&str]>) -> Result<RecordBatch, Self::Error>;
@@ -44,6 +50,8 @@ pub struct MergeCounts {
     pub skipped: u64,
     /// Source rows dropped by `dedup = "latest-by:..."`.
     pub deduplicated: u64,
+    /// Target files not read: their key ranges miss every key of the batch.
+    pub files_pruned: u64,
 }
 
 /// A merge that cannot be planned; the table's module adds the table and the batch id.
@@ -150,6 +158,10 @@ impl Plan<'_> {
             .convert_columns(&key_columns(&source))
             .map_err(arrow("encode the batch's keys"))?;
         let by_key = index(&source_keys);
+        let ranges: Vec<Option<(i64, i64)>> = key_idx
+            .iter()
+            .map(|&i| int_range(source.column(i)))
+            .collect::<Result<_, _>>()?;
         let condition_source = match self.condition {
             Some(c) => Some(Arc::clone(source.column(column_index(
                 &source,
@@ -167,6 +179,15 @@ impl Plan<'_> {
         let mut target_rows: Vec<u32> = Vec::new();
         let mut source_rows: Vec<u32> = Vec::new();
         for file in 0..target.files() {
+            let misses = self.keys.iter().zip(&ranges).any(|(k, range)| {
+                range
+                    .zip(target.key_range(file, k))
+                    .is_some_and(|((lo, hi), (file_lo, file_hi))| file_hi < lo || file_lo > hi)
+            });
+            if misses {
+                counts.files_pruned += 1;
+                continue;
+            }
             let existing = target.read(file, Some(&wanted)).map_err(RunError::Target)?;
             let mut keys = Vec::with_capacity(self.keys.len());
             for (k, source_key) in self.keys.iter().zip(&key_idx) {
@@ -298,6 +319,25 @@ fn index(rows: &Rows) -> HashMap<arrow_row::Row<'_>, u32> {
 
 /// `column` with the type of `like` (a table written by another writer may differ, e.g. in a
 /// timestamp's zone label).
+/// The least and greatest value of an integer key column without nulls (a null key matches a
+/// null key, which no range describes); `None` for other columns.
+fn int_range(column: &ArrayRef) -> Result<Option<(i64, i64)>, PlanError> {
+    use arrow_schema::DataType as D;
+    if column.is_empty()
+        || column.null_count() > 0
+        || !matches!(column.data_type(), D::Int8 | D::Int16 | D::Int32 | D::Int64)
+    {
+        return Ok(None);
+    }
+    let wide = arrow_cast::cast(column, &D::Int64).map_err(arrow("widen a key column"))?;
+    let values = wide
+        .as_primitive::<arrow_array::types::Int64Type>()
+        .values();
+    let lo = values.iter().copied().min();
+    let hi = values.iter().copied().max();
+    Ok(lo.zip(hi))
+}
+
 fn cast_to(column: &ArrayRef, like: &ArrayRef) -> Result<ArrayRef, PlanError> {
     if column.data_type() == like.data_type() {
         Ok(Arc::clone(column))
@@ -364,6 +404,10 @@ mod tests {
         files: Vec<RecordBatch>,
         rewritten: Vec<usize>,
         inserted: Vec<RecordBatch>,
+        /// Whether the table records key ranges (as Delta's statistics).
+        with_ranges: bool,
+        /// Files read, in order.
+        reads: Vec<usize>,
     }
 
     impl Target for Files {
@@ -371,11 +415,20 @@ mod tests {
         fn files(&self) -> usize {
             self.files.len()
         }
+        fn key_range(&self, file: usize, column: &str) -> Option<(i64, i64)> {
+            if !self.with_ranges {
+                return None;
+            }
+            let b = &self.files[file];
+            let c = b.column(b.schema().index_of(column).ok()?);
+            int_range(c).ok().flatten()
+        }
         fn read(
             &mut self,
             file: usize,
             columns: Option<&[&str]>,
         ) -> Result<RecordBatch, PlanError> {
+            self.reads.push(file);
             let b = &self.files[file];
             Ok(match columns {
                 None => b.clone(),
@@ -438,6 +491,64 @@ mod tests {
     }
 
     #[test]
+    fn files_whose_key_ranges_miss_the_batch_are_not_read() {
+        let keys = vec!["id".to_owned()];
+        let plan = Plan {
+            keys: &keys,
+            condition: None,
+            dedup: &MergeDedup::Refuse,
+        };
+        let table = vec![
+            batch(&[(1, "old", 1), (5, "old", 1)]),
+            batch(&[(10, "old", 1), (20, "old", 1)]),
+            batch(&[(30, "old", 1), (40, "old", 1)]),
+        ];
+        // Keys 12 and 20 fall only in the second file's range 10..=20.
+        let source = batch(&[(20, "new", 2), (12, "new", 2)]);
+        let mut pruned = Files {
+            files: table.clone(),
+            with_ranges: true,
+            ..Files::default()
+        };
+        let counts = plan.run(&source, &mut pruned).unwrap();
+        assert_eq!(
+            pruned.reads,
+            vec![1, 1],
+            "the key columns, then the whole file"
+        );
+        assert_eq!(
+            (counts.updated, counts.inserted, counts.files_pruned),
+            (1, 1, 2)
+        );
+        // The same result as reading every file.
+        let mut every = Files {
+            files: table,
+            ..Files::default()
+        };
+        let all = plan.run(&source, &mut every).unwrap();
+        assert_eq!(every.reads, vec![0, 1, 1, 2]);
+        assert_eq!((all.updated, all.inserted, all.files_pruned), (1, 1, 0));
+        assert_eq!(contents(&pruned), contents(&every));
+        // A null key in the batch matches a null in any file: nothing is pruned.
+        let with_null = RecordBatch::try_new(
+            source.schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![Some(20), None])),
+                Arc::new(StringArray::from_iter_values(["new", "new"])),
+                Arc::new(Int64Array::from_iter_values([2, 2])),
+            ],
+        )
+        .unwrap();
+        let mut files = Files {
+            files: every.files.clone(),
+            with_ranges: true,
+            ..Files::default()
+        };
+        let counts = plan.run(&with_null, &mut files).unwrap();
+        assert_eq!(counts.files_pruned, 0);
+    }
+
+    #[test]
     fn newer_rows_update_older_ones_and_untouched_files_stay() {
         let keys = vec!["id".to_owned()];
         let condition = parse_condition("s.at > t.at").unwrap();
@@ -466,7 +577,8 @@ mod tests {
                 updated: 1,
                 inserted: 1,
                 skipped: 1,
-                deduplicated: 0
+                deduplicated: 0,
+                files_pruned: 0
             }
         );
         assert_eq!(files.rewritten, vec![0]);
