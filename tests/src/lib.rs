@@ -170,6 +170,52 @@ pub fn lines(path: &Path) -> Result<Vec<String>> {
     }
 }
 
+/// The `[sink]` table of a JSON files sink writing into `out/<tag>`.
+pub fn files_sink(tag: &str) -> String {
+    format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n")
+}
+
+/// All lines of all JSON files of a files sink's folder, sorted (empty when
+/// the folder does not exist).
+pub fn sorted_output(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if dir.exists() {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                out.extend(lines(&path)?);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The rows the files source makes of `ws`'s orders (malformed lines
+/// dropped), sorted: what a pipeline over the same orders from another
+/// source must produce. Runs `files.toml` into `checkpoints/files`, `out/files`.
+pub fn files_reference(ws: &Workspace, exe: &str, cache_dir: &Path) -> Result<Vec<String>> {
+    let reference = ws.pipeline(
+        "files.toml",
+        &format!(
+            "[query]\nname = \"files\"\ncheckpoint = \"checkpoints/files\"\ntrigger = \"available-now\"\n\n\
+             [[source]]\nname = \"orders\"\nkind = \"files\"\npath = \"data/orders\"\nformat = \"json\"\n\
+             schema = \"{SCHEMA}\"\non_malformed = \"drop\"\n\n{}",
+            files_sink("files")
+        ),
+    )?;
+    run_ok(exe, cache_dir, &reference, &[])?;
+    let expected = sorted_output(&ws.path().join("out/files"))?;
+    if expected.len() as u64 != ws.orders.lines - ws.orders.malformed {
+        bail!(
+            "the files reference made {} rows of {} valid orders",
+            expected.len(),
+            ws.orders.lines - ws.orders.malformed
+        );
+    }
+    Ok(expected)
+}
+
 /// Names of the entries of a checkpoint log folder, as batch ids.
 pub fn log_ids(dir: &Path) -> Result<Vec<u64>> {
     let mut ids: Vec<u64> = match std::fs::read_dir(dir) {

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use weir_tests::kafka::{Broker, order_lines};
 use weir_tests::{
-    SCHEMA, Workspace, jsonl_plugin_sink, lines, log_ids, run_killed_at, run_ok, weir,
+    SCHEMA, Workspace, files_reference, files_sink, jsonl_plugin_sink, lines, log_ids,
+    run_killed_at, run_ok, sorted_output, weir,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -42,25 +43,6 @@ schema = "{SCHEMA}"
     )
 }
 
-fn files_sink(tag: &str) -> String {
-    format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n")
-}
-
-/// All lines of all files of a files sink's folder, sorted.
-fn sorted_output(dir: &Path) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    if dir.exists() {
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                out.extend(lines(&path)?);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// The orders of `ws` produced to a fresh broker.
 fn broker_with_orders(ws: &Workspace) -> Result<(Broker, Vec<String>)> {
     let broker = Broker::start()?;
@@ -82,18 +64,7 @@ fn kafka_rows_are_exactly_the_rows_of_the_same_orders_as_files() -> Result<()> {
     let (broker, orders) = broker_with_orders(&ws)?;
     assert_eq!(orders.len(), 1000);
 
-    let reference = ws.pipeline(
-        "files.toml",
-        &format!(
-            "[query]\nname = \"files\"\ncheckpoint = \"checkpoints/files\"\ntrigger = \"available-now\"\n\n\
-             [[source]]\nname = \"orders\"\nkind = \"files\"\npath = \"data/orders\"\nformat = \"json\"\n\
-             schema = \"{SCHEMA}\"\non_malformed = \"drop\"\n\n{}",
-            files_sink("files")
-        ),
-    )?;
-    run_ok(EXE, &cache(), &reference, &[])?;
-    let expected = sorted_output(&ws.path().join("out/files"))?;
-    assert_eq!(expected.len() as u64, ws.orders.lines - ws.orders.malformed);
+    let expected = files_reference(&ws, EXE, &cache())?;
 
     let file = ws.pipeline(
         "kafka.toml",

@@ -9,11 +9,13 @@
 //! modified stored batch, which can lie below the log end; every topic read here is sealed
 //! first, [`Broker::seal`]). The end-to-end SIGKILL test on tansu is in `e2e_kafka.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, order_lines};
-use weir_tests::{SCHEMA, Workspace, lines, log_ids, run_killed_at, run_ok};
+use weir_tests::{
+    SCHEMA, Workspace, files_reference, files_sink, log_ids, run_killed_at, run_ok, sorted_output,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 const PARTITIONS: i32 = 4;
@@ -46,19 +48,6 @@ on_malformed = "drop"
     )
 }
 
-fn files_sink(tag: &str) -> String {
-    format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n")
-}
-
-fn sorted_output(dir: &Path) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        out.extend(lines(&entry?.path())?);
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// The orders of `ws` on a fresh tansu, sealed, and the rows the files source makes of them.
 fn setup(ws: &Workspace) -> Result<(Broker, Vec<String>)> {
     let broker = Broker::tansu()?;
@@ -75,18 +64,7 @@ fn setup(ws: &Workspace) -> Result<(Broker, Vec<String>)> {
     }
     assert_eq!(total as usize, orders.len() + sealed);
 
-    let reference = ws.pipeline(
-        "files.toml",
-        &format!(
-            "[query]\nname = \"files\"\ncheckpoint = \"checkpoints/files\"\ntrigger = \"available-now\"\n\n\
-             [[source]]\nname = \"orders\"\nkind = \"files\"\npath = \"data/orders\"\nformat = \"json\"\n\
-             schema = \"{SCHEMA}\"\non_malformed = \"drop\"\n\n{}",
-            files_sink("files")
-        ),
-    )?;
-    run_ok(EXE, &cache(), &reference, &[])?;
-    let expected = sorted_output(&ws.path().join("out/files"))?;
-    assert_eq!(expected.len() as u64, ws.orders.lines - ws.orders.malformed);
+    let expected = files_reference(ws, EXE, &cache())?;
     Ok((broker, expected))
 }
 

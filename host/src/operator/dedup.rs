@@ -69,7 +69,7 @@ use crate::operator::key_encoding::{
     ColumnEncoder, TAG_NULL, TAG_VALUE, flip_i64, fnv1a, key_type_supported,
 };
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator, resolve,
 };
 use crate::state::{StateError, StateOptions, StateStore};
 
@@ -991,23 +991,6 @@ fn plan(
         Expiry::Never
     };
     Ok((keys, event_time, expiry))
-}
-
-/// Column index by name: exact match first, else the one column equal
-/// ignoring ASCII case (Spark resolves column names case-insensitively).
-fn resolve(schema: &SchemaRef, name: &str) -> Option<usize> {
-    if let Ok(i) = schema.index_of(name) {
-        return Some(i);
-    }
-    let mut found = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| f.name().eq_ignore_ascii_case(name));
-    match (found.next(), found.next()) {
-        (Some((i, _)), None) => Some(i),
-        _ => None,
-    }
 }
 
 /// Rows whose event time is `<= late_micros` (null: never late), and how many.

@@ -4,7 +4,7 @@
 //! operator owns its state stores and what it emits.
 
 use arrow_array::RecordBatch;
-use arrow_schema::{ArrowError, Field, SchemaRef};
+use arrow_schema::{ArrowError, Field, Schema, SchemaRef};
 use serde::Serialize;
 
 use crate::state::StateError;
@@ -98,4 +98,21 @@ pub trait StatefulOperator: Send {
     /// # Errors
     /// When the state cannot be made durable.
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError>;
+}
+
+/// Column index by name: exact match first, else the one column equal
+/// ignoring ASCII case (Spark resolves column names case-insensitively).
+pub(crate) fn resolve(schema: &Schema, name: &str) -> Option<usize> {
+    if let Ok(i) = schema.index_of(name) {
+        return Some(i);
+    }
+    let mut found = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.name().eq_ignore_ascii_case(name));
+    match (found.next(), found.next()) {
+        (Some((i, _)), None) => Some(i),
+        _ => None,
+    }
 }

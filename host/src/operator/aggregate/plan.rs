@@ -11,7 +11,7 @@ use super::decimal;
 use super::expr::{AggExpr, AggFunction};
 use super::{AggOutputMode, AggregateConfig, WindowSpec};
 use crate::operator::key_encoding::key_type_supported;
-use crate::operator::stateful::StateSchema;
+use crate::operator::stateful::{StateSchema, resolve};
 
 /// Spark's operator names (`StateStoreSaveExec.shortName`,
 /// `SessionWindowStateStoreSaveExec.shortName`).
@@ -231,23 +231,6 @@ impl Plan {
             .map(|w| w.column)
             .chain(self.keys.iter().map(|k| k.index))
             .chain(self.aggs.iter().filter_map(|a| a.column))
-    }
-}
-
-/// Column index by name: exact match first, else the one column equal
-/// ignoring ASCII case (Spark resolves column names case-insensitively).
-fn resolve(schema: &Schema, name: &str) -> Option<usize> {
-    if let Ok(i) = schema.index_of(name) {
-        return Some(i);
-    }
-    let mut found = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| f.name().eq_ignore_ascii_case(name));
-    match (found.next(), found.next()) {
-        (Some((i, _)), None) => Some(i),
-        _ => None,
     }
 }
 
