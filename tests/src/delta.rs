@@ -68,13 +68,20 @@ os._exit(0)
 "#;
 
 pub fn py_read(table: &Path, app_id: &str, columns: &[&str]) -> Result<Value> {
+    let mut args = vec![app_id];
+    args.extend_from_slice(columns);
+    py_json(PY_READER, table, &args)
+}
+
+/// Runs the Python `script` (which has `deltalake`) with `table` and `args` as its arguments,
+/// and parses the JSON it prints.
+pub fn py_json(script: &str, table: &Path, args: &[&str]) -> Result<Value> {
     let python = python()?;
     let out = Command::new(&python)
         .arg("-c")
-        .arg(PY_READER)
+        .arg(script)
         .arg(table)
-        .arg(app_id)
-        .args(columns)
+        .args(args)
         .output()
         .with_context(|| format!("running {}", python.display()))?;
     ensure!(

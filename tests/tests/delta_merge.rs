@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use serde_json::Value;
@@ -18,27 +17,6 @@ const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
 fn cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
-}
-
-/// The Python that has `deltalake` and `pyarrow` (see `tests/delta.rs`): missing is a failure.
-fn delta_python() -> Result<PathBuf> {
-    let python = match std::env::var_os("WEIR_DELTA_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME").context("HOME is not set")?;
-            PathBuf::from(home).join(".cache/weir/venv/bin/python")
-        }
-    };
-    let probe = Command::new(&python)
-        .args(["-c", "import deltalake, pyarrow"])
-        .output();
-    match probe {
-        Ok(out) if out.status.success() => Ok(python),
-        _ => bail!(
-            "no Python with deltalake and pyarrow at {}: run .ci/run or set WEIR_DELTA_PYTHON",
-            python.display()
-        ),
-    }
 }
 
 /// The table as the Python `deltalake` package sees it: rows sorted by order_id.
@@ -58,21 +36,7 @@ os._exit(0)
 "#;
 
 fn py_read(table: &Path, app_id: &str) -> Result<Value> {
-    let python = delta_python()?;
-    let out = Command::new(&python)
-        .arg("-c")
-        .arg(PY_READER)
-        .arg(table)
-        .arg(app_id)
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    ensure!(
-        out.status.success(),
-        "the Python deltalake reader failed on {}:\n{}",
-        table.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
+    weir_tests::delta::py_json(PY_READER, table, &[app_id])
 }
 
 /// The table by our own reader: order_id → status.
@@ -119,8 +83,9 @@ fn write_batches(dir: &Path, batches: &[&[(i64, &str, &str)]]) -> Result<()> {
     Ok(())
 }
 
-fn pipeline(dir: &Path, tag: &str, sink_extra: &str) -> Result<PathBuf> {
-    let text = format!(
+/// The query and its files source, shared by the built-in and the plugin sink's pipelines.
+fn query_head(tag: &str) -> String {
+    format!(
         r#"
 [query]
 name = "merge_{tag}"
@@ -134,13 +99,20 @@ path = "data"
 format = "json"
 schema = "order_id BIGINT, status STRING, occurred_at TIMESTAMP"
 max_files_per_trigger = 1
+"#
+    )
+}
 
+fn pipeline(dir: &Path, tag: &str, sink_extra: &str) -> Result<PathBuf> {
+    let text = format!(
+        r#"{}
 [sink]
 kind = "delta-merge"
 path = "tables/{tag}"
 keys = ["order_id"]
 {sink_extra}
-"#
+"#,
+        query_head(tag)
     );
     let file = dir.join(format!("{tag}.toml"));
     std::fs::write(&file, text)?;
@@ -324,20 +296,7 @@ fn plugin_pipeline(dir: &Path, tag: &str, tables: &[&str], grants: &str) -> Resu
     weir_host::examples::write_plugins(&dir.join("plugins"))?;
     let tables: Vec<String> = tables.iter().map(|t| format!("{t:?}")).collect();
     let text = format!(
-        r#"
-[query]
-name = "merge_{tag}"
-checkpoint = "checkpoints/{tag}"
-trigger = "available-now"
-
-[[source]]
-name = "orders"
-kind = "files"
-path = "data"
-format = "json"
-schema = "order_id BIGINT, status STRING, occurred_at TIMESTAMP"
-max_files_per_trigger = 1
-
+        r#"{}
 [sink]
 kind = "plugin"
 name = "merge_sink"
@@ -345,6 +304,7 @@ plugin = "plugins/merge_sink.wasm"
 config = {{ tables = [{}], drop_statuses = ["cancelled"] }}
 {grants}
 "#,
+        query_head(tag),
         tables.join(", ")
     );
     let file = dir.join(format!("{tag}.toml"));

@@ -638,9 +638,14 @@ impl DedupOperator {
                 if new > 0 {
                     added += new;
                     bucket.encode(&mut scratch.encoded);
-                    store
-                        .put(key, &scratch.encoded)
-                        .map_err(|e| state_error(self.name, e))?;
+                    // The lookup above said whether the bucket exists: a new
+                    // one is stored without asking the store again.
+                    let written = if stored.is_none() {
+                        store.put_new(key, &scratch.encoded)
+                    } else {
+                        store.put(key, &scratch.encoded)
+                    };
+                    written.map_err(|e| state_error(self.name, e))?;
                 }
             }
             self.rows_updated += added;

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
 use deltalake::kernel::{Action, Remove, StructType, Transaction};
@@ -263,6 +263,15 @@ impl DeltaMerge {
             tracing::info!(table = %path.display(), batch_id, txn_version = v, "batch {batch_id} is already merged into the Delta table: skipped");
             return Ok(None);
         }
+        // Statistics only serve integer keys (`plan::Target::key_range`).
+        let integer_key = self.options.table.keys.iter().any(|k| {
+            source.schema().field_with_name(k).is_ok_and(|f| {
+                matches!(
+                    f.data_type(),
+                    DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+                )
+            })
+        });
         let mut files = Vec::new();
         let mut stats = Vec::new();
         for view in snapshot.log_data().iter() {
@@ -276,7 +285,11 @@ impl DeltaMerge {
                 });
             }
             files.push(remove);
-            stats.push(view.stats().and_then(|s| serde_json::from_str(&s).ok()));
+            stats.push(if integer_key {
+                view.stats().and_then(|s| serde_json::from_str(&s).ok())
+            } else {
+                None
+            });
         }
         let writer = RecordBatchWriter::for_table(table)
             .map_err(self.delta_error(batch_id, "start writing Parquet files"))?
