@@ -417,32 +417,33 @@ fn spark_run(
     let tag = format!("{query}.r{run}");
     let measure = results.join(format!("{tag}.measure.json"));
     let spark_work = work.join(format!("spark-{query}-{run}"));
-    let status = Command::new(python)
-        .arg(bench.join("measure.py"))
-        .arg(&measure)
-        .arg("--")
-        .arg(python)
-        .arg(bench.join("spark_revenue.py"))
-        .args([
-            "--query",
-            query,
-            "--state-store",
-            "rocksdb",
-            "--tag",
-            &tag,
-            "--no-result",
-        ])
-        .arg("--input")
-        .arg(input)
-        .arg("--work")
-        .arg(&spark_work)
-        .arg("--results")
-        .arg(&results)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(
-            results.join(format!("{tag}.stderr.log")),
-        )?)
-        .status()?;
+    let status = run_in_own_group(
+        Command::new(python)
+            .arg(bench.join("measure.py"))
+            .arg(&measure)
+            .arg("--")
+            .arg(python)
+            .arg(bench.join("spark_revenue.py"))
+            .args([
+                "--query",
+                query,
+                "--state-store",
+                "rocksdb",
+                "--tag",
+                &tag,
+                "--no-result",
+            ])
+            .arg("--input")
+            .arg(input)
+            .arg("--work")
+            .arg(&spark_work)
+            .arg("--results")
+            .arg(&results)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(
+                results.join(format!("{tag}.stderr.log")),
+            )?),
+    )?;
     if !status.success() {
         bail!(
             "spark {query} run failed ({status}); see {}",
@@ -469,22 +470,40 @@ fn spark_run(
     })
 }
 
+/// Runs `cmd` in a process group of its own, then kills whatever of the group
+/// is still alive: pyspark does not always wait for its JVM, and a JVM left
+/// running would take CPU from the runs after it (one stayed up for an hour,
+/// at ~10 % of a core, after a 10M run on 12-02).
+fn run_in_own_group(cmd: &mut Command) -> Result<std::process::ExitStatus> {
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd.process_group(0).spawn()?;
+    let status = child.wait()?;
+    let group = i32::try_from(child.id())?;
+    // SAFETY: signals the process group this function created; a group
+    // already gone only makes `kill` return ESRCH.
+    unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    }
+    Ok(status)
+}
+
 /// Spark's CPU seconds to start a session, run a trivial job and stop.
 fn spark_startup(python: &str, bench: &Path, work: &Path) -> Result<f64> {
     let results = work.join("spark-results");
     std::fs::create_dir_all(&results)?;
     let measure = results.join("startup.measure.json");
-    let status = Command::new(python)
-        .arg(bench.join("measure.py"))
-        .arg(&measure)
-        .arg("--")
-        .arg(python)
-        .arg(bench.join("spark_revenue.py"))
-        .args(["--query", "startup", "--tag", "startup", "--results"])
-        .arg(&results)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(results.join("startup.stderr.log"))?)
-        .status()?;
+    let status = run_in_own_group(
+        Command::new(python)
+            .arg(bench.join("measure.py"))
+            .arg(&measure)
+            .arg("--")
+            .arg(python)
+            .arg(bench.join("spark_revenue.py"))
+            .args(["--query", "startup", "--tag", "startup", "--results"])
+            .arg(&results)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(results.join("startup.stderr.log"))?),
+    )?;
     if !status.success() {
         bail!("spark start-up run failed ({status})");
     }
