@@ -3,19 +3,21 @@
 #
 #   plugins/python/build.sh OUT_DIR     # writes OUT_DIR/python_filter_rows.wasm, python_jsonl_sink.wasm
 #
-# componentize-py (pinned below) is installed with pip into a virtual environment under
-# ${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools} the first time. Each component is cached there by a
+# componentize-py, pinned by hash in requirements.txt beside this script, is installed with pip
+# into a virtual environment under ${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools} the first time
+# (and again whenever requirements.txt changes). Each component is cached there by a
 # hash of everything it is built from (the tool version, the WIT, the plugin, the SDK module and
 # this script), so a second run only copies files.
 set -euo pipefail
 
-COMPONENTIZE_PY_VERSION=0.25.1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 out="${1:?usage: build.sh OUT_DIR}"
 tools="${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools}"
-venv="$tools/componentize-py-$COMPONENTIZE_PY_VERSION"
+requirements="$here/requirements.txt"
+requirements_hash="$(sha256sum "$requirements" | cut -d' ' -f1)"
+venv="$tools/componentize-py-${requirements_hash:0:16}"
 cache="$tools/components"
 
 fail() { echo "plugins/python/build.sh: $*" >&2; exit 1; }
@@ -27,16 +29,18 @@ mkdir -p "$tools" "$cache" "$out"
 exec 9>"$tools/.python.lock"
 flock 9
 
-# A venv cannot be moved, so it is built in place and a stamp marks it complete.
-if [ ! -f "$venv/.installed" ]; then
+# A venv cannot be moved, so it is built in place; a stamp with the requirements' hash marks
+# it complete, and a venv made from other requirements is never reused.
+if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$requirements_hash" ]; then
   python="$(command -v python3 || true)"
   [ -n "$python" ] || fail "python3 is missing: install Python 3.10+ with the venv module (Debian: apt-get install python3 python3-venv)"
-  echo "installing componentize-py $COMPONENTIZE_PY_VERSION into $venv" >&2
+  echo "installing componentize-py (requirements.txt) into $venv" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv" || fail "python3 -m venv failed: install the venv module (Debian: apt-get install python3-venv)"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION" \
-    || fail "pip could not install componentize-py==$COMPONENTIZE_PY_VERSION (is PyPI reachable?)"
-  touch "$venv/.installed"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps \
+    -r "$requirements" \
+    || fail "pip could not install plugins/python/requirements.txt (is PyPI reachable?)"
+  echo "$requirements_hash" >"$venv/.requirements.sha256"
 fi
 
 # name, world, module
@@ -48,8 +52,8 @@ for spec in "${plugins[@]}"; do
   read -r name world module <<<"$spec"
   hash="$(
     {
-      echo "componentize-py $COMPONENTIZE_PY_VERSION world $world module $module"
-      cat "$root/wit/weir.wit" "$here/$module.py" "$root/plugin-sdk/python/weir_plugin.py" "$here/build.sh"
+      echo "componentize-py world $world module $module"
+      cat "$requirements" "$root/wit/weir.wit" "$here/$module.py" "$root/plugin-sdk/python/weir_plugin.py" "$here/build.sh"
     } | sha256sum | cut -c1-32
   )"
   built="$cache/python-$name-$hash.wasm"
