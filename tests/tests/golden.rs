@@ -1,11 +1,17 @@
 //! Golden tests: Weir must give the same answers as Apache Spark.
 //!
 //! `tests/golden/` holds a small seeded "bookshop orders" input (12 files of 500 lines, with late,
-//! too-late, duplicate and malformed lines) and, per case, what Spark 4 Structured Streaming
+//! too-late, duplicate and malformed lines) and, per case, what Spark 4.3 Structured Streaming
 //! produced from it (`make_golden.py` regenerates them; see `tests/golden/README.md`):
 //! `expected.csv` (the result), `batches.csv` (which micro-batch emitted which row),
 //! `progress.csv` (each batch's input rows and watermark) and `pipeline.toml`, the same query for
 //! Weir. No Java or Python is needed here.
+//!
+//! The goldens are only worth anything if Spark wrote them: `make_golden.py` is their only writer
+//! and records the SHA-256 of every file it wrote in `tests/golden/hashes.json`.
+//! `golden_files_are_make_goldens` checks those hashes and `golden_results_follow_from_batches`
+//! that each `expected.csv` is what its `batches.csv` implies, so a golden edited by hand (to make
+//! Weir pass, or to "fix" a number) fails here instead of silently changing what Weir is held to.
 //!
 //! Each case is run three ways, and each must match Spark exactly, batch by batch:
 //! 1. uninterrupted, `trigger = "available-now"`, one file per batch;
@@ -25,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use weir_tests::{log_ids, run_ok, weir};
+use sha2::{Digest, Sha256};
+use weir_tests::{commit_ids, run_ok, weir};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -55,49 +62,387 @@ enum Mode {
     Complete,
 }
 
+/// Every golden case and its mode; `golden_files_are_make_goldens` checks this against what
+/// `make_golden.py` recorded, so a case added there without a test here fails.
+const CASES: [(&str, Mode); 9] = [
+    ("revenue_append", Mode::Append),
+    ("revenue_update", Mode::Update { keys: 3 }),
+    ("revenue_complete", Mode::Complete),
+    ("sliding", Mode::Append),
+    ("session", Mode::Append),
+    ("dedup", Mode::Append),
+    ("dedup_within_watermark", Mode::Append),
+    ("status_complete", Mode::Complete),
+    ("status_update", Mode::Update { keys: 1 }),
+];
+
 #[test]
 fn revenue_append() -> Result<()> {
-    golden_case("revenue_append", Mode::Append)
+    golden_case("revenue_append")
 }
 
 #[test]
 fn revenue_update() -> Result<()> {
-    golden_case("revenue_update", Mode::Update { keys: 3 })
+    golden_case("revenue_update")
 }
 
 #[test]
 fn revenue_complete() -> Result<()> {
-    golden_case("revenue_complete", Mode::Complete)
+    golden_case("revenue_complete")
 }
 
 #[test]
 fn sliding() -> Result<()> {
-    golden_case("sliding", Mode::Append)
+    golden_case("sliding")
 }
 
 #[test]
 fn session() -> Result<()> {
-    golden_case("session", Mode::Append)
+    golden_case("session")
 }
 
 #[test]
 fn dedup() -> Result<()> {
-    golden_case("dedup", Mode::Append)
+    golden_case("dedup")
 }
 
 #[test]
 fn dedup_within_watermark() -> Result<()> {
-    golden_case("dedup_within_watermark", Mode::Append)
+    golden_case("dedup_within_watermark")
 }
 
 #[test]
 fn status_complete() -> Result<()> {
-    golden_case("status_complete", Mode::Complete)
+    golden_case("status_complete")
 }
 
 #[test]
 fn status_update() -> Result<()> {
-    golden_case("status_update", Mode::Update { keys: 1 })
+    golden_case("status_update")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The golden files themselves: written by make_golden.py only.
+// ---------------------------------------------------------------------------------------------
+
+/// The files of a case whose SHA-256 `make_golden.py` records (its `CASE_FILES`).
+const CASE_FILES: [&str; 4] = [
+    "batches.csv",
+    "expected.csv",
+    "pipeline.toml",
+    "progress.csv",
+];
+
+/// What to do about a golden that is not what `make_golden.py` wrote.
+const REGENERATE: &str = "the goldens are Spark's answers and make_golden.py is their only \
+     writer: never edit them by hand; undo the edit (git checkout) or rerun \
+     tests/golden/make_golden.py (see tests/golden/README.md)";
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
+    Ok(hex::encode(Sha256::digest(bytes)))
+}
+
+/// `tests/golden/hashes.json`, as `make_golden.py` wrote it.
+fn hashes() -> Result<serde_json::Value> {
+    let path = golden_dir().join("hashes.json");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    serde_json::from_str(&text).with_context(|| path.display().to_string())
+}
+
+/// The SHA-256 of each input file, and of their `sha256sum` listing (`"<hex>  <name>\n"` per
+/// file, in name order), as `make_golden.py` computes them.
+fn input_hashes() -> Result<(BTreeMap<String, String>, String)> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(golden_dir().join("input"))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("input file name")?
+            .to_owned();
+        if name.ends_with(".json") {
+            files.insert(name, sha256_file(&path)?);
+        }
+    }
+    let listing: String = files.iter().map(|(n, h)| format!("{h}  {n}\n")).collect();
+    let digest = hex::encode(Sha256::digest(listing.as_bytes()));
+    Ok((files, digest))
+}
+
+/// Every golden file is byte for byte what `make_golden.py` wrote: the hashes it recorded in
+/// `hashes.json` match, for the input and for each case's files; the cases there are the cases
+/// here, with the same modes; and they all come from the pyspark that `spark.json` names.
+#[test]
+fn golden_files_are_make_goldens() -> Result<()> {
+    let hashes = hashes()?;
+    let mut report = String::new();
+
+    let (input, digest) = input_hashes()?;
+    let recorded = hashes["input"]
+        .as_object()
+        .context("hashes.json: no \"input\"")?;
+    for (name, sha) in &input {
+        match recorded.get(name).and_then(|v| v.as_str()) {
+            Some(want) if want == sha => {}
+            Some(want) => {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/input/{name} was edited by hand: SHA-256 {sha}, make_golden.py wrote {want}"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/input/{name} was not written by make_golden.py"
+                );
+            }
+        }
+    }
+    for name in recorded.keys().filter(|n| !input.contains_key(*n)) {
+        let _ = writeln!(
+            report,
+            "tests/golden/input/{name}, written by make_golden.py, is missing"
+        );
+    }
+
+    let spark: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(golden_dir().join("spark.json")).context("spark.json")?,
+    )
+    .context("spark.json")?;
+    let pyspark = spark["pyspark"]
+        .as_str()
+        .context("spark.json: no \"pyspark\"")?;
+
+    let cases = hashes["cases"]
+        .as_object()
+        .context("hashes.json: no \"cases\"")?;
+    let recorded_names: Vec<&str> = cases.keys().map(String::as_str).collect();
+    let mut tested: Vec<&str> = CASES.iter().map(|(name, _)| *name).collect();
+    tested.sort_unstable();
+    if recorded_names != tested {
+        let _ = writeln!(
+            report,
+            "make_golden.py wrote the cases {recorded_names:?}, golden.rs tests {tested:?}"
+        );
+    }
+    for (name, case) in cases {
+        let dir = golden_dir().join(name);
+        for file in CASE_FILES {
+            let want = case["files"][file].as_str().unwrap_or("(nothing)");
+            let path = dir.join(file);
+            if !path.exists() {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{name}/{file}, written by make_golden.py, is missing"
+                );
+                continue;
+            }
+            let sha = sha256_file(&path)?;
+            if sha != want {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{name}/{file} was edited by hand: SHA-256 {sha}, make_golden.py wrote {want}"
+                );
+            }
+        }
+        if case["input"].as_str() != Some(digest.as_str()) {
+            let _ = writeln!(
+                report,
+                "tests/golden/{name} was made from another input than tests/golden/input/"
+            );
+        }
+        if case["pyspark"].as_str() != Some(pyspark) {
+            let _ = writeln!(
+                report,
+                "tests/golden/{name} comes from pyspark {}, spark.json names {pyspark}",
+                case["pyspark"]
+            );
+        }
+        if let Some((_, mode)) = CASES.iter().find(|(n, _)| *n == name.as_str())
+            && let Err(e) = read_csv(&dir.join("expected.csv"))
+                .and_then(|(header, _)| mode_matches(*mode, case, &header))
+        {
+            let _ = writeln!(report, "tests/golden/{name}: {e:#}");
+        }
+    }
+
+    ensure!(
+        report.is_empty(),
+        "golden files not as make_golden.py wrote them ({REGENERATE}):\n{report}"
+    );
+    Ok(())
+}
+
+/// `mode` (as golden.rs tests the case) is the mode `make_golden.py` ran it in; for update mode,
+/// its keys are the first columns of `header`, as [`Mode::Update`] takes them.
+fn mode_matches(mode: Mode, case: &serde_json::Value, header: &[String]) -> Result<()> {
+    let keys: Option<Vec<&str>> = case["keys"].as_array().map(|keys| {
+        keys.iter()
+            .map(|k| k.as_str().unwrap_or_default())
+            .collect()
+    });
+    let recorded = (case["mode"].as_str(), keys);
+    let ok = match mode {
+        Mode::Append => recorded == (Some("append"), None),
+        Mode::Complete => recorded == (Some("complete"), None),
+        Mode::Update { keys } => {
+            let first: Option<Vec<&str>> = header
+                .get(..keys)
+                .map(|h| h.iter().map(String::as_str).collect());
+            first.is_some() && recorded == (Some("update"), first)
+        }
+    };
+    ensure!(
+        ok,
+        "golden.rs tests it as {mode:?}, make_golden.py ran it in mode {} with keys {}",
+        case["mode"],
+        case["keys"]
+    );
+    Ok(())
+}
+
+/// Each `expected.csv` is, byte for byte, what its `batches.csv` implies under the case's output
+/// mode, derived exactly as `make_golden.py` derives it; and `batches.csv` and `progress.csv` are
+/// in the shape it writes (batch ids ascending and run by Spark, rows sorted within a batch).
+#[test]
+fn golden_results_follow_from_batches() -> Result<()> {
+    let hashes = hashes()?;
+    let mut report = String::new();
+    for (name, _) in CASES {
+        let case = &hashes["cases"][name];
+        if let Err(e) = check_derivation(name, case) {
+            let _ = writeln!(report, "tests/golden/{name}: {e:#}");
+        }
+    }
+    ensure!(
+        report.is_empty(),
+        "golden results that do not follow from their batches ({REGENERATE}):\n{report}"
+    );
+    Ok(())
+}
+
+fn check_derivation(name: &str, case: &serde_json::Value) -> Result<()> {
+    let dir = golden_dir().join(name);
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file)).with_context(|| format!("{name}/{file}"))
+    };
+    let (batches_text, expected_text, progress_text) = (
+        read("batches.csv")?,
+        read("expected.csv")?,
+        read("progress.csv")?,
+    );
+
+    // progress.csv: batches 0, 1, 2, … as Spark ran them.
+    let mut lines = progress_text.lines();
+    ensure!(
+        lines.next() == Some("batch_id,input_rows,watermark"),
+        "progress.csv: unexpected header"
+    );
+    let mut ran = Vec::new();
+    for (i, line) in lines.enumerate() {
+        let id: u64 = line
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .with_context(|| format!("progress.csv line {}: {line:?}", i + 2))?;
+        ensure!(
+            id == i as u64,
+            "progress.csv line {}: batch {id}, Spark numbers its batches 0, 1, 2, …",
+            i + 2
+        );
+        ran.push(id);
+    }
+
+    // batches.csv: `batch_id` + the result's columns; ids ascending, each one Spark ran; rows
+    // sorted within a batch.
+    let mut lines = batches_text.lines();
+    let batch_header = lines.next().context("batches.csv: empty")?;
+    let header = batch_header
+        .strip_prefix("batch_id,")
+        .context("batches.csv: the header does not start with batch_id")?;
+    let mut batches: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    let mut last = None;
+    for (i, line) in lines.enumerate() {
+        let at = || format!("batches.csv line {}: {line:?}", i + 2);
+        let (id, row) = line.split_once(',').with_context(at)?;
+        let id: u64 = id.parse().with_context(at)?;
+        ensure!(ran.contains(&id), "{}: Spark ran no batch {id}", at());
+        match last {
+            Some((prev, prev_row)) if prev > id || (prev == id && prev_row > row) => {
+                bail!(
+                    "{}: not in make_golden.py's order (batch id, then row)",
+                    at()
+                )
+            }
+            _ => last = Some((id, row)),
+        }
+        batches.entry(id).or_default().push(row);
+    }
+
+    // The result, as make_golden.py derives it.
+    let mut result: Vec<&str> = match case["mode"].as_str() {
+        Some("append") => batches.values().flatten().copied().collect(),
+        // foreachBatch is called for every batch Spark runs: the last one's full result.
+        Some("complete") => ran
+            .last()
+            .and_then(|id| batches.get(id))
+            .cloned()
+            .unwrap_or_default(),
+        Some("update") => {
+            let columns = split_csv_line(header);
+            let keys: Vec<usize> = case["keys"]
+                .as_array()
+                .context("hashes.json: an update case without keys")?
+                .iter()
+                .map(|k| {
+                    let k = k.as_str().context("hashes.json: a key that is not text")?;
+                    columns
+                        .iter()
+                        .position(|c| c == k)
+                        .with_context(|| format!("key column {k} not in {columns:?}"))
+                })
+                .collect::<Result<_>>()?;
+            let mut latest = BTreeMap::new();
+            for row in batches.values().flatten() {
+                let fields = split_csv_line(row);
+                let key: Vec<String> = keys
+                    .iter()
+                    .map(|&i| fields.get(i).cloned().unwrap_or_default())
+                    .collect();
+                latest.insert(key, *row);
+            }
+            latest.into_values().collect()
+        }
+        other => bail!("hashes.json: unknown mode {other:?}"),
+    };
+    result.sort_unstable();
+    let mut implied = format!("{header}\n");
+    for row in &result {
+        implied.push_str(row);
+        implied.push('\n');
+    }
+    if implied != expected_text {
+        let want: Vec<&str> = implied.lines().collect();
+        let have: Vec<&str> = expected_text.lines().collect();
+        let line = want
+            .iter()
+            .zip(&have)
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.len().min(have.len()));
+        bail!(
+            "expected.csv is not what batches.csv implies ({} mode): line {}: expected.csv has {:?}, \
+             batches.csv implies {:?} ({} lines against {})",
+            case["mode"],
+            line + 1,
+            have.get(line).copied().unwrap_or("(end of file)"),
+            want.get(line).copied().unwrap_or("(end of file)"),
+            have.len(),
+            want.len()
+        );
+    }
+    Ok(())
 }
 
 /// What Spark produced for one case.
@@ -295,7 +640,7 @@ impl<'a> Run<'a> {
         }
 
         let checkpoint = self.dir.path().join("checkpoint");
-        let commits = log_ids(&checkpoint.join("commits"))?;
+        let commits = commit_ids(&checkpoint)?;
         let spark_batches: Vec<u64> = g.progress.keys().copied().collect();
         if commits != spark_batches {
             let _ = writeln!(
@@ -382,8 +727,12 @@ impl<'a> Run<'a> {
     }
 }
 
-fn golden_case(name: &'static str, mode: Mode) -> Result<()> {
-    let golden = Golden::load(name, mode)?;
+fn golden_case(name: &'static str) -> Result<()> {
+    let (_, mode) = CASES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .with_context(|| format!("{name} is not in CASES"))?;
+    let golden = Golden::load(name, *mode)?;
 
     // 1. Uninterrupted.
     let run = Run::new(&golden)?;
