@@ -1,7 +1,10 @@
 //! Arrow ⇄ WIT columns. Values move as whole buffers (one `memcpy` each way
 //! plus the lowering into guest memory), never value by value, and every
 //! buffer coming back from a guest is validated before Arrow sees it: a
-//! guest may return anything.
+//! guest may return anything. That includes the types it declares: a
+//! decimal's precision and scale are checked wherever a guest gives them
+//! (a declared schema, a typed column, an IPC stream's schema, through
+//! `ipc_check`), and its values against that precision.
 
 use std::sync::Arc;
 
@@ -17,9 +20,47 @@ use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::bindings::wit;
+use super::ipc_check::{self, MalformedIpc};
 
 /// The timezone given to timestamp columns a plugin creates (Spark: UTC).
 const UTC: &str = "+00:00";
+
+/// Largest decimal128 precision (Spark's and Arrow's).
+const MAX_DECIMAL_PRECISION: i32 = 38;
+
+/// A decimal a guest declared, as Arrow's precision and scale, when it is
+/// one Spark and Delta can hold: precision 1 to 38, scale 0 to the precision.
+///
+/// # Errors
+/// What is wrong with it, naming the declared decimal.
+pub(crate) fn valid_decimal(precision: i32, scale: i32) -> Result<(u8, i8), String> {
+    let invalid =
+        |why: String| format!("decimal128({precision}, {scale}) is not a valid decimal: {why}");
+    if !(1..=MAX_DECIMAL_PRECISION).contains(&precision) {
+        return Err(invalid(format!(
+            "the precision must be 1 to {MAX_DECIMAL_PRECISION}"
+        )));
+    }
+    if !(0..=precision).contains(&scale) {
+        return Err(invalid(format!(
+            "the scale must be 0 to the precision ({precision})"
+        )));
+    }
+    match (u8::try_from(precision), i8::try_from(scale)) {
+        (Ok(p), Ok(s)) => Ok((p, s)),
+        _ => Err(invalid("out of range".into())),
+    }
+}
+
+/// Checks a declared WIT type: only decimals carry parameters.
+fn check_declared(dt: &wit::DataType) -> Result<(), String> {
+    match dt {
+        wit::DataType::Decimal128(d) => {
+            valid_decimal(i32::from(d.precision), i32::from(d.scale)).map(drop)
+        }
+        _ => Ok(()),
+    }
+}
 
 /// WIT type of an Arrow type; `None` when plugins cannot receive it.
 pub(crate) fn wit_type(dt: &DataType) -> Option<wit::DataType> {
@@ -74,16 +115,24 @@ pub(crate) fn wit_fields(schema: &Schema) -> Result<Vec<wit::Field>, (String, St
 }
 
 /// The Arrow schema described by WIT fields (the schema a plugin declares).
-pub(crate) fn arrow_schema(fields: &[wit::Field], input: &Schema) -> SchemaRef {
-    Arc::new(Schema::new(
-        fields
-            .iter()
-            .map(|f| {
-                let like = input.field_with_name(&f.name).ok().map(|x| x.data_type());
-                Field::new(&f.name, arrow_type(&f.data_type, like), f.nullable)
-            })
-            .collect::<Vec<_>>(),
-    ))
+///
+/// # Errors
+/// A message naming the first column whose declared type is invalid (a
+/// decimal outside precision 1 to 38 or scale 0 to its precision).
+pub(crate) fn arrow_schema(fields: &[wit::Field], input: &Schema) -> Result<SchemaRef, String> {
+    let fields = fields
+        .iter()
+        .map(|f| -> Result<Field, String> {
+            check_declared(&f.data_type).map_err(|e| format!("column {:?}: {e}", f.name))?;
+            let like = input.field_with_name(&f.name).ok().map(|x| x.data_type());
+            Ok(Field::new(
+                &f.name,
+                arrow_type(&f.data_type, like),
+                f.nullable,
+            ))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Arc::new(Schema::new(fields)))
 }
 
 fn validity(array: &dyn Array) -> Option<Vec<u8>> {
@@ -184,6 +233,7 @@ pub(crate) fn arrow_column(
             Err(bad(format!("has {len} values, the batch has {rows} rows")))
         }
     };
+    check_declared(&column.data_type).map_err(bad)?;
     let data_type = arrow_type(&column.data_type, like);
     let array: ArrayRef = match (column.values, &data_type) {
         (wit::ColumnValues::Boolean(bits), DataType::Boolean) => {
@@ -225,6 +275,9 @@ pub(crate) fn arrow_column(
                 .collect();
             let array = Decimal128Array::new(ScalarBuffer::from(values), nulls)
                 .with_precision_and_scale(*p, *s)
+                .map_err(|e| bad(e.to_string()))?;
+            array
+                .validate_decimal_precision(*p)
                 .map_err(|e| bad(e.to_string()))?;
             Arc::new(array)
         }
@@ -285,12 +338,42 @@ pub(crate) fn to_ipc(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
     Ok(out)
 }
 
-/// Reads an Arrow IPC stream from a guest into one batch.
-pub(crate) fn from_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+/// Why a guest's Arrow IPC stream was not turned into a batch.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FromIpcError {
+    /// Refused before arrow-ipc read it.
+    #[error(transparent)]
+    Malformed(#[from] MalformedIpc),
+    /// Refused by arrow-ipc's own validation.
+    #[error("Arrow IPC stream: {0}")]
+    Arrow(#[from] ArrowError),
+    /// A decimal value beyond its column's declared precision.
+    #[error("Arrow IPC stream: column {column:?}: {reason}")]
+    Decimal { column: String, reason: String },
+}
+
+/// Reads an Arrow IPC stream from a guest into one batch, after
+/// [`ipc_check::check`] has vetted its framing, metadata and types.
+pub(crate) fn from_ipc(bytes: &[u8]) -> Result<RecordBatch, FromIpcError> {
+    ipc_check::check(bytes)?;
     let reader = arrow_ipc::reader::StreamReader::try_new(bytes, None)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>()?;
-    arrow_select::concat::concat_batches(&schema, &batches)
+    let batch = arrow_select::concat::concat_batches(&schema, &batches)?;
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if let (DataType::Decimal128(precision, _), Some(values)) = (
+            field.data_type(),
+            column.as_primitive_opt::<Decimal128Type>(),
+        ) {
+            values
+                .validate_decimal_precision(*precision)
+                .map_err(|e| FromIpcError::Decimal {
+                    column: field.name().clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+    }
+    Ok(batch)
 }
 
 /// Applies a transform's edit to its input: set columns, drop columns, then
@@ -451,6 +534,87 @@ mod tests {
         };
         let out = apply_edit(&b, keep).expect("valid edit");
         assert_eq!(out.column(0).as_primitive::<Int64Type>().values(), &[1, 4]);
+    }
+
+    fn decimal(precision: u8, scale: i8, values: &[i128]) -> wit::Column {
+        wit::Column {
+            name: "amount".into(),
+            data_type: wit::DataType::Decimal128(wit::DecimalType { precision, scale }),
+            validity: None,
+            values: wit::ColumnValues::Decimal128(
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn declared_decimals_are_checked_on_every_path() {
+        let b = batch();
+        for (precision, scale, why) in [
+            (38, 90, "the scale must be 0 to the precision (38)"),
+            (12, -2, "the scale must be 0 to the precision (12)"),
+            (0, 0, "the precision must be 1 to 38"),
+            (39, 2, "the precision must be 1 to 38"),
+        ] {
+            let expected = format!(
+                "column \"amount\": decimal128({precision}, {scale}) is not a valid decimal: {why}"
+            );
+            // A typed column.
+            let edit = wit::Edit {
+                set_columns: vec![decimal(precision, scale, &[0; 4])],
+                drop_columns: vec![],
+                keep: None,
+            };
+            assert_eq!(apply_edit(&b, edit).expect_err("refused"), expected);
+            // A declared output schema.
+            let fields = [wit::Field {
+                name: "amount".into(),
+                data_type: wit::DataType::Decimal128(wit::DecimalType { precision, scale }),
+                nullable: true,
+            }];
+            assert_eq!(
+                arrow_schema(&fields, &b.schema()).expect_err("refused"),
+                expected
+            );
+        }
+        let fields = [wit::Field {
+            name: "amount".into(),
+            data_type: wit::DataType::Decimal128(wit::DecimalType {
+                precision: 38,
+                scale: 38,
+            }),
+            nullable: true,
+        }];
+        let schema = arrow_schema(&fields, &b.schema()).expect("valid");
+        assert_eq!(schema.field(0).data_type(), &DataType::Decimal128(38, 38));
+    }
+
+    #[test]
+    fn decimal_values_beyond_their_precision_are_refused() {
+        let b = batch();
+        let edit = wit::Edit {
+            set_columns: vec![decimal(3, 0, &[1, 999, -999, 1000])],
+            drop_columns: vec![],
+            keep: None,
+        };
+        let err = apply_edit(&b, edit).expect_err("1000 needs 4 digits");
+        assert!(
+            err.contains("1000 is too large to store in a Decimal128 of precision 3"),
+            "{err}"
+        );
+        // The same through IPC (Arrow does not check values when it writes).
+        let values = Decimal128Array::from(vec![Some(1), None, Some(-1000)])
+            .with_precision_and_scale(3, 0)
+            .expect("valid type");
+        let wide =
+            RecordBatch::try_from_iter([("d", Arc::new(values) as ArrayRef)]).expect("valid batch");
+        let err = from_ipc(&to_ipc(&wide).expect("encodes")).expect_err("too wide");
+        assert!(
+            err.to_string().contains(
+                "column \"d\": Invalid argument error: -1000 is too small to store in a Decimal128 of precision 3"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
