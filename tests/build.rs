@@ -1,5 +1,5 @@
-//! Compiles the misbehaving plugin of the sandbox tests to a `wasm32-wasip2`
-//! component, the same way the host builds its example plugins, and the
+//! Compiles the misbehaving plugins of the sandbox tests to `wasm32-wasip2`
+//! components, the same way the host builds its example plugins, and the
 //! Python and JavaScript example plugins with their own tools.
 
 #[path = "build_polyglot.rs"]
@@ -8,10 +8,17 @@ mod build_polyglot;
 mod build_support;
 
 fn main() {
-    build_support::build_plugins(&[(
-        "weir-plugin-hostile",
-        "weir_plugin_hostile",
-        "WEIR_PLUGIN_HOSTILE",
-    )]);
+    build_support::build_plugins(&[
+        (
+            "weir-plugin-hostile",
+            "weir_plugin_hostile",
+            "WEIR_PLUGIN_HOSTILE",
+        ),
+        (
+            "weir-plugin-hostile-state",
+            "weir_plugin_hostile_state",
+            "WEIR_PLUGIN_HOSTILE_STATE",
+        ),
+    ]);
     build_polyglot::build_polyglot_plugins();
 }

@@ -15,7 +15,9 @@ use weir_host::plugin::{
     BatchInfo, EngineOptions, HttpGrant, PluginEngine, PluginError, PluginOptions, Sandbox,
     WasmTransform,
 };
-use weir_tests::{HOSTILE_WASM, SCHEMA, Workspace, log_ids, orders_batch, run_ok, weir};
+use weir_tests::{
+    HOSTILE_WASM, SCHEMA, Workspace, commit_ids, offset_ids, orders_batch, run_ok, weir,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -213,6 +215,87 @@ fn a_malformed_result_and_an_error_value_are_reported() -> Result<()> {
     Ok(())
 }
 
+/// Each way a plugin's result can lie about itself (a `hostile` mode) and
+/// what the host says about it.
+const LYING_OUTPUT: [(&str, &str); 6] = [
+    (
+        "ipc-huge-body",
+        "body length 4611686018427387904 runs past the end of the stream",
+    ),
+    ("ipc-negative-body", "body length -8 is negative"),
+    (
+        "ipc-unknown-type",
+        "column 0 (\"order_id\"): unknown type 99 is not a type plugins may return",
+    ),
+    (
+        "ipc-bad-bit-width",
+        "column 0 (\"order_id\"): type Int of bit width 7 is not a type plugins may return",
+    ),
+    (
+        "ipc-decimal-scale-90",
+        "column 3 (\"amount\"): decimal128(12, 90) is not a valid decimal: the scale must be 0 to the precision (12)",
+    ),
+    (
+        "decimal-scale-90",
+        "column \"amount\": decimal128(38, 90) is not a valid decimal: the scale must be 0 to the precision (38)",
+    ),
+];
+
+#[test]
+fn output_that_lies_about_itself_fails_its_batch_and_the_next_batch_runs() -> Result<()> {
+    let batch = orders_batch(20)?;
+    for (mode, problem) in LYING_OUTPUT {
+        let config = format!(r#"{{"mode":"{mode}","batch":1}}"#);
+        let mut t = hostile(&config, Sandbox::default(), &batch)?;
+        assert_eq!(
+            t.process(&batch, &info(0))?,
+            batch,
+            "{mode}: batch 0 passes"
+        );
+        let err = t.process(&batch, &info(1)).expect_err(mode);
+        assert!(
+            matches!(err, PluginError::MalformedOutput { batch_id: 1, .. }),
+            "{mode}: {err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("plugin hostile returned a malformed batch in batch 1: "),
+            "{mode}: {text}"
+        );
+        assert!(
+            text.contains(problem),
+            "{mode}: {text} should say {problem}"
+        );
+        // The host is still here, and so is the instance: the next batch runs on it.
+        assert_eq!(
+            t.process(&batch, &info(2))?,
+            batch,
+            "{mode}: batch 2 passes"
+        );
+        assert_eq!(t.usage().instantiations, 1, "{mode}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_declared_decimal_outside_precision_and_scale_is_refused_at_start() -> Result<()> {
+    let batch = orders_batch(10)?;
+    let err = hostile(
+        r#"{"mode":"declare-decimal-scale-90"}"#,
+        Sandbox::default(),
+        &batch,
+    )
+    .expect_err("an invalid declared decimal");
+    let err = err.downcast::<PluginError>()?;
+    assert!(matches!(err, PluginError::MalformedSchema { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "plugin hostile declared an output schema the host cannot use: column \"tiny\": \
+         decimal128(38, 90) is not a valid decimal: the scale must be 0 to the precision (38)"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_bad_config_is_refused_at_start() -> Result<()> {
     let batch = orders_batch(10)?;
@@ -292,15 +375,48 @@ fn a_failed_batch_is_not_committed_and_reruns_once_the_plugin_is_fixed() -> Resu
             );
         }
         let checkpoint = ws.path().join("checkpoints/hostile");
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0]);
-        assert_eq!(log_ids(&checkpoint.join("offsets"))?, vec![0, 1]);
+        assert_eq!(commit_ids(&checkpoint)?, vec![0]);
+        assert_eq!(offset_ids(&checkpoint)?, vec![0, 1]);
     }
     let file = ws.pipeline("hostile.toml", &pipeline("ok"))?;
     run_ok(EXE, &cache(), &file, &[])?;
     assert_eq!(
-        log_ids(&ws.path().join("checkpoints/hostile/commits"))?,
+        commit_ids(&ws.path().join("checkpoints/hostile"))?,
         vec![0, 1, 2]
     );
+    let mut rows = 0;
+    for e in std::fs::read_dir(ws.path().join("out"))? {
+        rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
+    }
+    assert_eq!(rows, ws.orders.lines - ws.orders.malformed, "no row lost");
+    Ok(())
+}
+
+#[test]
+fn a_batch_with_lying_output_is_not_committed_and_reruns_once_the_plugin_is_fixed() -> Result<()> {
+    let ws = Workspace::new(3, 100)?;
+    let checkpoint = ws.path().join("checkpoints/hostile");
+    for (mode, problem) in LYING_OUTPUT {
+        let file = ws.pipeline("hostile.toml", &pipeline(mode))?;
+        let out = weir(EXE, &cache(), &["run", file.to_str().unwrap_or_default()])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // A clean failure of the query (exit 1), not a crash or an abort.
+        assert_eq!(out.status.code(), Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("plugin hostile returned a malformed batch in batch 1"),
+            "{mode}: {stderr}"
+        );
+        assert!(stderr.contains(problem), "{mode}: {stderr}");
+        assert!(
+            !stderr.contains("panicked"),
+            "{mode}: the host must not panic: {stderr}"
+        );
+        assert_eq!(commit_ids(&checkpoint)?, vec![0], "{mode}");
+        assert_eq!(offset_ids(&checkpoint)?, vec![0, 1], "{mode}");
+    }
+    let file = ws.pipeline("hostile.toml", &pipeline("ok"))?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
     let mut rows = 0;
     for e in std::fs::read_dir(ws.path().join("out"))? {
         rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
@@ -584,5 +700,479 @@ format = "json"
         ),
         "{stderr}"
     );
+    Ok(())
+}
+
+/// Checks that `err` is the time-limit error of batch `batch_id` and that it
+/// came at the limit, not long after: the deadline covers host calls too.
+fn assert_time_limit(err: &PluginError, limit_ms: u64, batch_id: u64, elapsed: Duration) {
+    assert!(
+        matches!(err, PluginError::Timeout { limit_ms: l, batch_id: b, .. } if *l == limit_ms && *b == batch_id),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("plugin hostile exceeded its time limit of {limit_ms} ms in batch {batch_id}")
+    );
+    let limit = Duration::from_millis(limit_ms);
+    assert!(
+        elapsed >= limit && elapsed < limit + Duration::from_secs(5),
+        "failed after {elapsed:?}, the limit is {limit:?}"
+    );
+}
+
+#[test]
+fn a_plugin_that_sleeps_forever_fails_at_its_time_limit() -> Result<()> {
+    let batch = orders_batch(10)?;
+    let sandbox = Sandbox {
+        timeout: Duration::from_millis(500),
+        ..Sandbox::default()
+    };
+    let mut t = hostile(r#"{"mode":"sleep","batch":0}"#, sandbox, &batch)?;
+    let started = Instant::now();
+    let err = t.process(&batch, &info(0)).expect_err("sleeps forever");
+    assert_time_limit(&err, 500, 0, started.elapsed());
+    // The instance that timed out is replaced; the next batch runs.
+    assert_eq!(t.process(&batch, &info(1))?.num_rows(), 10);
+    assert_eq!(t.usage().instantiations, 2);
+    Ok(())
+}
+
+/// How a stalling server treats the connections it accepts.
+#[derive(Debug, Clone, Copy)]
+enum Stall {
+    /// Reads nothing and answers nothing: no TLS handshake, no first byte.
+    Silent,
+    /// Reads the request, sends the headers and 5 of the 100 bytes of body it
+    /// announces, and then nothing.
+    Body,
+}
+
+/// A server on 127.0.0.1:0 that accepts connections and stalls them as
+/// `stall` says, holding each open; returns its address and the count of
+/// connections it accepted.
+fn stalling_server(stall: Stall) -> Result<(std::net::SocketAddr, Arc<AtomicUsize>)> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { break };
+            count.fetch_add(1, Ordering::SeqCst);
+            if let Stall::Body = stall {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhello");
+            }
+            held.push(stream);
+        }
+    });
+    Ok((address, accepted))
+}
+
+#[test]
+fn a_granted_http_server_that_stalls_fails_the_call_at_its_time_limit() -> Result<()> {
+    let batch = orders_batch(10)?;
+    // The first byte never comes; the body stops halfway; the TLS handshake never ends.
+    for (mode, stall) in [
+        ("http", Stall::Silent),
+        ("http", Stall::Body),
+        ("https", Stall::Silent),
+    ] {
+        let (address, accepted) = stalling_server(stall)?;
+        let sandbox = Sandbox {
+            timeout: Duration::from_millis(500),
+            http: vec![HttpGrant::parse(&address.to_string()).map_err(anyhow::Error::msg)?],
+            ..Sandbox::default()
+        };
+        let config = format!(r#"{{"mode":"{mode}","address":"{address}"}}"#);
+        let mut t = hostile(&config, sandbox, &batch)?;
+        let started = Instant::now();
+        let err = t
+            .process(&batch, &info(0))
+            .expect_err("the server never answers in full");
+        let elapsed = started.elapsed();
+        assert!(
+            accepted.load(Ordering::SeqCst) >= 1,
+            "{mode} {stall:?}: the request reached the server"
+        );
+        assert_time_limit(&err, 500, 0, elapsed);
+        // The host goes on: the next batch gets a fresh instance, which is
+        // stopped at its limit in turn.
+        let started = Instant::now();
+        let err = t.process(&batch, &info(1)).expect_err("still stalled");
+        assert_time_limit(&err, 500, 1, started.elapsed());
+        assert_eq!(t.usage().instantiations, 2, "{mode} {stall:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_batch_that_sleeps_past_the_time_limit_is_not_committed_and_reruns_once_fixed() -> Result<()> {
+    let ws = Workspace::new(3, 100)?;
+    let checkpoint = ws.path().join("checkpoints/hostile");
+    let text = pipeline("sleep").replace(
+        "batch = 1 }\n",
+        "batch = 1 }\nlimits = { timeout = \"1s\" }\n",
+    );
+    assert!(text.contains("limits = "), "{text}");
+    let file = ws.pipeline("hostile.toml", &text)?;
+    let started = Instant::now();
+    let out = weir(EXE, &cache(), &["run", file.to_str().unwrap_or_default()])?;
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("plugin hostile exceeded its time limit of 1000 ms in batch 1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Batch 0, then batch 1 up to its limit: nowhere near forever.
+    assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
+    assert_eq!(offset_ids(&checkpoint)?, vec![0, 1]);
+
+    let file = ws.pipeline("hostile.toml", &pipeline("ok"))?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
+    let mut rows = 0;
+    for e in std::fs::read_dir(ws.path().join("out"))? {
+        rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
+    }
+    assert_eq!(rows, ws.orders.lines - ws.orders.malformed, "no row lost");
+    Ok(())
+}
+
+// --- Host budgets: what the host builds or keeps for a plugin is held to its limits.
+
+/// The stateful misbehaving plugin (`plugins/hostile_state`), built by this crate's build script.
+const HOSTILE_STATE_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_HOSTILE_STATE"));
+
+/// `hostile_state` opened under `sandbox`, with keyed state in `state_dir`
+/// loaded from its empty start.
+fn hostile_state(
+    config: &str,
+    sandbox: Sandbox,
+    batch: &RecordBatch,
+    state_dir: &std::path::Path,
+) -> Result<WasmTransform> {
+    use weir_host::operator::wasm_state::{KeyedState, KeyedStateConfig};
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache()),
+        ..EngineOptions::default()
+    })?;
+    let loaded = engine.load_bytes(
+        "hostile_state",
+        std::path::Path::new("hostile_state.wasm"),
+        HOSTILE_STATE_WASM,
+    )?;
+    let mut t = WasmTransform::open(
+        &engine,
+        loaded,
+        PluginOptions {
+            name: "hostile_state".into(),
+            config_json: config.into(),
+            sandbox,
+            failpoint: None,
+        },
+        batch.schema(),
+    )?;
+    let mut state = KeyedState::open(&KeyedStateConfig {
+        plugin: "hostile_state".into(),
+        num_partitions: 2,
+        state_dir: state_dir.to_path_buf(),
+        state: weir_host::state::StateOptions {
+            kind: weir_host::state::StoreKind::Memory,
+            ..weir_host::state::StateOptions::default()
+        },
+    })?;
+    state.load(None, 0)?;
+    t.attach_state(state);
+    Ok(t)
+}
+
+/// The process's resident set now, in bytes.
+fn rss_bytes() -> Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .context("statm has a resident field")?
+        .parse()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Ok(pages * u64::try_from(page)?)
+}
+
+/// The most the resident set has been since [`reset_peak_rss`], in bytes.
+fn peak_rss_bytes() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .context("status has VmHWM")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kib << 10)
+}
+
+/// Makes the peak resident set the current one (Linux's `clear_refs` 5).
+fn reset_peak_rss() -> Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5").context("resetting VmHWM")
+}
+
+/// Runs the test `name` of this file alone in a child process of its own,
+/// with `WEIR_SANDBOX_CHILD` set, so that what it measures of the process
+/// is its own and not the other tests' that run on threads beside it.
+fn in_own_process(name: &str) -> Result<bool> {
+    if std::env::var_os("WEIR_SANDBOX_CHILD").is_some() {
+        return Ok(false);
+    }
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env("WEIR_SANDBOX_CHILD", "1")
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} in its own process: {text}");
+    assert!(text.contains("1 passed"), "{name} ran: {text}");
+    Ok(true)
+}
+
+#[test]
+fn get_many_of_a_huge_value_fails_at_the_memory_limit_and_the_host_stays_small() -> Result<()> {
+    if in_own_process(
+        "get_many_of_a_huge_value_fails_at_the_memory_limit_and_the_host_stays_small",
+    )? {
+        return Ok(());
+    }
+    let batch = orders_batch(10)?;
+    let dir = tempfile::tempdir()?;
+    let limit = 64u64 << 20;
+    let sandbox = Sandbox {
+        memory_bytes: limit,
+        ..Sandbox::default()
+    };
+    // Batch 0 puts a 1 MiB value under `big`; batch 1 asks for 10,000 copies of it.
+    let config = r#"{"mode":"get-many","batch":1,"value_bytes":1048576,"copies":10000}"#;
+    let mut t = hostile_state(config, sandbox, &batch, dir.path())?;
+    assert_eq!(t.process(&batch, &info(0))?.num_rows(), 10);
+    t.keyed_state_mut().context("stateful")?.commit(0)?;
+    t.keyed_state_mut().context("stateful")?.load(Some(0), 0)?;
+
+    reset_peak_rss()?;
+    let before = rss_bytes()?;
+    let err = t
+        .process(&batch, &info(1))
+        .expect_err("10 GiB of values in a 64 MiB plugin");
+    let peak = peak_rss_bytes()?;
+    let after = rss_bytes()?;
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            PluginError::HostBudget {
+                batch_id: 1,
+                budget: weir_host::plugin::Budget::Memory { limit: l },
+                ..
+            } if l == limit
+        ),
+        "{text}"
+    );
+    assert!(
+        text.starts_with(
+            "plugin hostile_state exceeded its memory limit of 67108864 bytes in batch 1: \
+             keyed-state.get-many: the values of the first "
+        ),
+        "{text}"
+    );
+    assert!(text.contains("of its 10000 keys already take"), "{text}");
+    let grew = peak.saturating_sub(before);
+    assert!(
+        grew < 128 << 20,
+        "the host's resident set grew by {grew} bytes at its peak"
+    );
+    assert!(
+        after.saturating_sub(before) < 128 << 20,
+        "{before} -> {after}"
+    );
+
+    // Nothing of batch 1 is kept; the batch runs again from version 0 on a
+    // fresh instance, and the next one passes.
+    t.keyed_state_mut().context("stateful")?.load(Some(0), 0)?;
+    assert_eq!(t.process(&batch, &info(2))?.num_rows(), 10);
+    assert_eq!(t.usage().instantiations, 2);
+    Ok(())
+}
+
+#[test]
+fn the_keyed_state_writes_of_a_batch_are_held_to_the_memory_limit() -> Result<()> {
+    let batch = orders_batch(10)?;
+    let dir = tempfile::tempdir()?;
+    let sandbox = Sandbox {
+        memory_bytes: 32 << 20,
+        ..Sandbox::default()
+    };
+    // 100 distinct keys of 1 MiB each: 100 MiB buffered until the commit.
+    let config = r#"{"mode":"put-many","batch":0,"value_bytes":1048576,"copies":100}"#;
+    let mut t = hostile_state(config, sandbox, &batch, dir.path())?;
+    let err = t.process(&batch, &info(0)).expect_err("over the limit");
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            PluginError::HostBudget {
+                batch_id: 0,
+                budget: weir_host::plugin::Budget::Memory { limit },
+                ..
+            } if limit == 32 << 20
+        ),
+        "{text}"
+    );
+    assert!(
+        text.starts_with(
+            "plugin hostile_state exceeded its memory limit of 33554432 bytes in batch 0: \
+             keyed-state.put: the keyed-state writes of this batch, held in host memory until \
+             its commit, would take "
+        ),
+        "{text}"
+    );
+    // Batch 0 again, from the empty state: its buffer was dropped with the batch.
+    t.keyed_state_mut().context("stateful")?.load(None, 0)?;
+    assert!(t.process(&batch, &info(0)).is_err(), "still over the limit");
+    t.keyed_state_mut().context("stateful")?.load(None, 0)?;
+    assert_eq!(t.process(&batch, &info(1))?.num_rows(), 10);
+    Ok(())
+}
+
+#[test]
+fn a_plugin_that_hoards_host_resources_fails_at_their_limit() -> Result<()> {
+    let batch = orders_batch(10)?;
+    let mut t = hostile(
+        r#"{"mode":"resources","batch":0}"#,
+        Sandbox::default(),
+        &batch,
+    )?;
+    let err = t.process(&batch, &info(0)).expect_err("hoards pollables");
+    assert!(
+        matches!(
+            err,
+            PluginError::HostBudget {
+                batch_id: 0,
+                budget: weir_host::plugin::Budget::Resources { limit: 100_000 },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with(
+            "plugin hostile exceeded its limit of 100000 live host resources in batch 0"
+        ),
+        "{err}"
+    );
+    // The hoard went with the instance.
+    assert_eq!(t.process(&batch, &info(1))?.num_rows(), 10);
+    Ok(())
+}
+
+#[test]
+fn a_flood_of_logs_or_stderr_is_capped_and_the_batch_passes() -> Result<()> {
+    let ws = Workspace::new(3, 100)?;
+    for (mode, marker) in [("log-spam", "spam "), ("stderr-spam", "stderr: zzz")] {
+        let tag = format!("flood_{mode}");
+        let text = pipeline(mode)
+            .replace("checkpoints/hostile", &format!("checkpoints/{tag}"))
+            .replace("path = \"out\"", &format!("path = \"out/{tag}\""));
+        let file = ws.pipeline(&format!("{tag}.toml"), &text)?;
+        let started = Instant::now();
+        let out = run_ok(EXE, &cache(), &file, &[])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{mode}: {:?}",
+            started.elapsed()
+        );
+        let logged = stderr.lines().filter(|l| l.contains(marker)).count();
+        assert!(
+            (1..=1_000).contains(&logged),
+            "{mode}: {logged} lines of the flood reached the log"
+        );
+        let drops: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("dropped") && l.contains("plugin=\"hostile\""))
+            .collect();
+        assert_eq!(drops.len(), 1, "{mode}: said once: {drops:?}");
+        assert!(drops[0].contains("batch_id=1"), "{mode}: {}", drops[0]);
+        assert!(
+            stderr.len() < 4 << 20,
+            "{mode}: the log took {} bytes",
+            stderr.len()
+        );
+        let checkpoint = ws.path().join(format!("checkpoints/{tag}"));
+        assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2], "{mode}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_batch_over_a_host_budget_is_not_committed_and_reruns_once_fixed() -> Result<()> {
+    let ws = Workspace::new(3, 100)?;
+    std::fs::write(
+        ws.path().join("plugins/hostile_state.wasm"),
+        HOSTILE_STATE_WASM,
+    )?;
+    let checkpoint = ws.path().join("checkpoints/hostile");
+    let stateful = |mode: &str| {
+        pipeline(mode)
+            .replace(
+                "name = \"hostile\"\nplugin = \"plugins/hostile.wasm\"",
+                "name = \"hostile_state\"\nplugin = \"plugins/hostile_state.wasm\"",
+            )
+            .replace(
+                "batch = 1 }\n",
+                "batch = 1 }\nlimits = { memory = \"64 MiB\" }\n",
+            )
+    };
+    let text = stateful("get-many");
+    assert!(text.contains("plugins/hostile_state.wasm"), "{text}");
+    assert!(text.contains("limits = "), "{text}");
+    let file = ws.pipeline("hostile.toml", &text)?;
+    let out = weir(EXE, &cache(), &["run", file.to_str().unwrap_or_default()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "plugin hostile_state exceeded its memory limit of 67108864 bytes in batch 1: \
+             keyed-state.get-many"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
+    assert_eq!(offset_ids(&checkpoint)?, vec![0, 1]);
+
+    let file = ws.pipeline("hostile.toml", &stateful("ok"))?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
+    let mut rows = 0;
+    for e in std::fs::read_dir(ws.path().join("out"))? {
+        rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
+    }
+    assert_eq!(rows, ws.orders.lines - ws.orders.malformed, "no row lost");
     Ok(())
 }

@@ -202,6 +202,7 @@ impl PluginEngine {
     /// # Errors
     /// When wasmtime rejects the configuration (not expected on supported hosts).
     pub fn new(options: EngineOptions) -> Result<Self, PluginError> {
+        super::grants::install_tls_provider();
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.consume_fuel(options.fuel);

@@ -24,6 +24,25 @@ impl std::fmt::Display for PluginErrorKind {
     }
 }
 
+/// A limit on what the host holds for a plugin (see [`PluginError::HostBudget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// `limits.memory`, which also bounds the results the host builds for
+    /// the plugin and the keyed-state writes it buffers for a batch.
+    Memory { limit: u64 },
+    /// The host resources (streams, pollables, requests...) an instance may hold at once.
+    Resources { limit: u64 },
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Memory { limit } => write!(f, "memory limit of {limit} bytes"),
+            Self::Resources { limit } => write!(f, "limit of {limit} live host resources"),
+        }
+    }
+}
+
 /// A plugin failed to load, open or process a batch. Every variant names the plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -110,12 +129,24 @@ pub enum PluginError {
         batch_id: u64,
         limit: u64,
     },
+    /// A host call would have taken the host past a budget derived from
+    /// the plugin's limits (a result too large for its memory, too many
+    /// buffered writes or live resources).
+    #[error("plugin {plugin} exceeded its {budget} in batch {batch_id}: {reason}")]
+    HostBudget {
+        plugin: String,
+        batch_id: u64,
+        budget: Budget,
+        reason: String,
+    },
     #[error("plugin {plugin} used up its fuel ({fuel}) in batch {batch_id}")]
     OutOfFuel {
         plugin: String,
         batch_id: u64,
         fuel: u64,
     },
+    #[error("plugin {plugin} declared an output schema the host cannot use: {reason}")]
+    MalformedSchema { plugin: String, reason: String },
     #[error("plugin {plugin} returned a malformed batch in batch {batch_id}: {reason}")]
     MalformedOutput {
         plugin: String,
@@ -126,14 +157,34 @@ pub enum PluginError {
 
 impl PluginError {
     /// Whether running the same batch again may succeed.
+    ///
+    /// Only the plugin can say so (a `retryable` error value); limits, traps and bad output
+    /// would recur on the same input. Every variant is listed.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::Failed {
-                kind: PluginErrorKind::Retryable,
-                ..
-            }
-        )
+        match self {
+            Self::Failed { kind, .. } => match kind {
+                PluginErrorKind::Retryable => true,
+                PluginErrorKind::Fatal | PluginErrorKind::InvalidInput => false,
+            },
+            Self::Read { .. }
+            | Self::Compile { .. }
+            | Self::Cache { .. }
+            | Self::HashMismatch { .. }
+            | Self::Replacement { .. }
+            | Self::Instantiate { .. }
+            | Self::Grant { .. }
+            | Self::EnvNotSet { .. }
+            | Self::Denied { .. }
+            | Self::InvalidConfig { .. }
+            | Self::UnsupportedType { .. }
+            | Self::Trap { .. }
+            | Self::Timeout { .. }
+            | Self::MemoryExceeded { .. }
+            | Self::HostBudget { .. }
+            | Self::OutOfFuel { .. }
+            | Self::MalformedSchema { .. }
+            | Self::MalformedOutput { .. } => false,
+        }
     }
 
     /// The plugin this error is about.
@@ -154,7 +205,9 @@ impl PluginError {
             | Self::Trap { plugin, .. }
             | Self::Timeout { plugin, .. }
             | Self::MemoryExceeded { plugin, .. }
+            | Self::HostBudget { plugin, .. }
             | Self::OutOfFuel { plugin, .. }
+            | Self::MalformedSchema { plugin, .. }
             | Self::MalformedOutput { plugin, .. } => plugin,
         }
     }

@@ -6,8 +6,9 @@
 //! request's authority against the plugin's allow-list before connecting.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::Linker;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
@@ -100,9 +101,7 @@ impl std::fmt::Display for HttpGrant {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HttpAllowList {
     grants: Vec<HttpGrant>,
-    /// The plugin's per-call deadline. The epoch deadline cannot interrupt the
-    /// host while it waits for a response, so the request's own timeouts are
-    /// capped at it instead.
+    /// The plugin's per-call time limit: no timeout of a request is much longer.
     timeout: Duration,
 }
 
@@ -131,6 +130,21 @@ impl HttpAllowList {
     }
 }
 
+/// Chooses rustls' crypto provider for the whole process (once; a provider
+/// installed earlier is kept), before any plugin sends an HTTPS request.
+///
+/// wasi:http's TLS client asks rustls for the process default, and rustls
+/// picks one by itself only when exactly one is compiled in; this build links
+/// two (ring through wasmtime-wasi-http, aws-lc-rs through deltalake), so the
+/// first `https` request of a plugin would panic the query's thread instead.
+pub(crate) fn install_tls_provider() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // Err: another part of the process chose first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// Links wasi:http for every plugin: a guest that imports it can start
 /// without a grant, and its requests are refused one by one (with an error
 /// naming the host) rather than the whole plugin failing to link.
@@ -156,6 +170,9 @@ pub(crate) struct HttpGuard {
     plugin: Arc<str>,
     /// The first refused request of the current call.
     pub(crate) denied: Option<String>,
+    /// The deadline of the current call (see `deadline`): a request sent
+    /// during the call ends there, whether or not the guest waits for it.
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl HttpGuard {
@@ -164,6 +181,7 @@ impl HttpGuard {
             allow,
             plugin,
             denied: None,
+            deadline: None,
         }
     }
 }
@@ -189,9 +207,15 @@ impl WasiHttpHooks for HttpGuard {
             let refused: SendResult = Err(HttpError::HttpRequestDenied);
             return Box::new(async move { refused });
         }
-        // The epoch deadline cannot interrupt the host while it waits for a
-        // response, so no wait may outlast the call's deadline.
-        let limit = self.allow.timeout;
+        // The guest's own waits end at the call's deadline (`deadline`), but
+        // the request runs as a task of its own: it must end soon after, and
+        // its per-step timeouts (connect, first byte, between body chunks) are
+        // capped. The step wasmtime does not time (the TLS handshake) is
+        // bounded by the deadline on the whole exchange below. Both come a
+        // grace period after the deadline, so that a stalled request always
+        // fails the call with the time-limit error, never with a timeout the
+        // guest sees first and reports as something else.
+        let limit = self.allow.timeout.saturating_add(REQUEST_GRACE);
         let options = options.unwrap_or_default();
         let cap = |t: Option<Duration>| Some(t.map_or(limit, |t| t.min(limit)));
         let options = RequestOptions {
@@ -200,9 +224,23 @@ impl WasiHttpHooks for HttpGuard {
             between_bytes_timeout: cap(options.between_bytes_timeout),
         };
         // wasmtime's own sending, under the capped timeouts.
-        DefaultSend.send_request(request, Some(options), fut)
+        let send = DefaultSend.send_request(request, Some(options), fut);
+        let Some(deadline) = self.deadline.and_then(|d| d.checked_add(REQUEST_GRACE)) else {
+            return send;
+        };
+        Box::new(async move {
+            let deadline = tokio::time::Instant::from_std(deadline);
+            match tokio::time::timeout_at(deadline, Pin::from(send)).await {
+                Ok(sent) => sent,
+                Err(_) => Err(HttpError::ConnectionTimeout),
+            }
+        })
     }
 }
+
+/// How long after the call's deadline a request it sent is abandoned (see
+/// `send_request`).
+const REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// wasi:http's default hooks (its `send_request` connects over tokio).
 struct DefaultSend;

@@ -1,7 +1,10 @@
 //! A live plugin instance: its sandbox, the one call per batch, and recovery.
 //!
 //! Each instance owns a `Store` (so tenants never share memory or state),
-//! limited in memory, deadline and optionally fuel, with no filesystem,
+//! limited in memory (its memories and tables together, and what the host
+//! holds for it: see `limiter`), deadline (in Wasm code by epoch
+//! interruption, in host calls by `deadline`), live host resources, logs
+//! (see `logs`) and optionally fuel, with no filesystem,
 //! network, environment or real clock unless granted. After a trap the
 //! instance is poisoned (wasmtime refuses to re-enter it), so it is dropped
 //! and the next batch gets a fresh instance, opened with the same config.
@@ -12,18 +15,20 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use wasmtime::component::ResourceTableError;
 use wasmtime::component::{HasSelf, Linker, Resource};
-use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime::{Store, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::{merge_sink, sink, stateful_transform, transform, wit};
 use super::convert;
+use super::deadline::{self, DeadlineExceeded};
 use super::engine::{EPOCH_TICK, LoadedPlugin, PluginEngine};
-use super::error::{PluginError, PluginErrorKind};
+use super::error::{Budget, PluginError, PluginErrorKind};
 use super::grants::{self, HttpAllowList, HttpGrant, HttpGuard};
-use super::limiter::MemoryLimiter;
+use super::limiter::{BudgetExceeded, MAX_RESOURCES, MemoryLimiter};
+use super::logs::PluginLog;
 use super::merge_capability;
 use super::merge_capability::{MergeGrants, SharedGrants};
 use super::replay::BatchSeed;
@@ -86,7 +91,7 @@ pub struct PluginUsage {
     pub call_time: Duration,
     pub instantiations: u64,
     pub fuel_consumed: u64,
-    /// The most linear memory any of its instances held (a high-water mark).
+    /// The most its instances' memories and tables held (a high-water mark).
     pub memory_peak_bytes: u64,
     /// `limits.memory`.
     pub memory_limit_bytes: u64,
@@ -106,9 +111,6 @@ impl PluginUsage {
         }
     }
 }
-
-/// Captured guest stderr (panic messages end up here).
-const STDERR_CAPACITY: usize = 1 << 20;
 
 struct Live<B> {
     store: Store<HostState>,
@@ -150,6 +152,8 @@ impl Runtime {
             .map_err(|e| self.err_instantiate(format!("{e:#}")))?;
         grants::add_http_to_linker(&mut linker)
             .map_err(|e| self.err_instantiate(format!("{e:#}")))?;
+        // Over wasmtime-wasi's own: every wait of the guest ends at the call's deadline.
+        deadline::add_to_linker(&mut linker).map_err(|e| self.err_instantiate(format!("{e:#}")))?;
         Ok(linker)
     }
 
@@ -173,23 +177,23 @@ impl Runtime {
 
     fn new_store(&mut self) -> Result<Store<HostState>, PluginError> {
         let sandbox = &self.options.sandbox;
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        // Stderr (panic messages end up there) goes to the log, capped.
+        let log = PluginLog::new(Arc::clone(&self.name));
         let mut wasi = WasiCtxBuilder::new();
-        wasi.stderr(stderr.clone());
+        wasi.stderr(log.stderr());
         grants::apply(&self.options.name, sandbox, &mut wasi)?;
         let seed = BatchSeed::new();
         seed.install(&mut wasi);
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(usize::try_from(sandbox.memory_bytes).unwrap_or(usize::MAX))
-            .trap_on_grow_failure(true)
-            .build();
-        let limits = MemoryLimiter::new(limits);
+        let limits =
+            MemoryLimiter::new(usize::try_from(sandbox.memory_bytes).unwrap_or(usize::MAX));
+        let mut table = wasmtime::component::ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
         let state = HostState {
             wasi: wasi.build(),
-            table: wasmtime::component::ResourceTable::new(),
+            table,
             limits,
             plugin: Arc::clone(&self.name),
-            stderr,
+            log,
             call: CallState::default(),
             failpoint: self.options.failpoint,
             keyed: None,
@@ -197,6 +201,7 @@ impl Runtime {
             http: WasiHttpCtx::new(),
             http_guard: HttpGuard::new(Arc::clone(&self.allow_http), Arc::clone(&self.name)),
             delta_merge: self.delta_merge.clone(),
+            deadline: None,
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -206,10 +211,20 @@ impl Runtime {
         Ok(store)
     }
 
+    /// Starts the clock of a call (or of instantiation and `open`): the
+    /// epoch deadline for guest code, and the same deadline as an instant for
+    /// the host calls the epoch cannot interrupt (see `deadline`).
     fn arm(&self, store: &mut Store<HostState>) -> Result<(), PluginError> {
-        let ticks = (self.options.sandbox.timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) + 1;
+        let timeout = self.options.sandbox.timeout;
+        let ticks = (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) + 1;
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
         store.epoch_deadline_trap();
+        let deadline = Instant::now().checked_add(timeout);
+        let state = store.data_mut();
+        state.limits.begin_call();
+        state.log.begin(0);
+        state.deadline = deadline;
+        state.http_guard.deadline = deadline;
         if self.engine.fuel_enabled() {
             store
                 .set_fuel(self.options.sandbox.fuel.unwrap_or(u64::MAX))
@@ -237,15 +252,22 @@ impl Runtime {
     ) -> PluginError {
         let plugin = self.options.name.clone();
         let sandbox = &self.options.sandbox;
+        let timeout = || PluginError::Timeout {
+            plugin: plugin.clone(),
+            batch_id,
+            limit_ms: u64::try_from(sandbox.timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        if let Some(waiting) = e.downcast_ref::<DeadlineExceeded>() {
+            tracing::warn!(
+                plugin = %plugin,
+                batch_id,
+                "{waiting}: failing the call at its time limit"
+            );
+            return timeout();
+        }
         if let Some(trap) = e.downcast_ref::<Trap>() {
             match trap {
-                Trap::Interrupt => {
-                    return PluginError::Timeout {
-                        plugin,
-                        batch_id,
-                        limit_ms: u64::try_from(sandbox.timeout.as_millis()).unwrap_or(u64::MAX),
-                    };
-                }
+                Trap::Interrupt => return timeout(),
                 Trap::OutOfFuel => {
                     return PluginError::OutOfFuel {
                         plugin,
@@ -256,17 +278,28 @@ impl Runtime {
                 _ => {}
             }
         }
-        let root = e.root_cause().to_string();
-        if root.contains("forcing trap when growing memory") {
+        if let Some(over) = e.downcast_ref::<BudgetExceeded>() {
+            return PluginError::HostBudget {
+                plugin,
+                batch_id,
+                budget: over.budget,
+                reason: over.reason.clone(),
+            };
+        }
+        if resources_exhausted(e) {
+            return self.err_resources(batch_id);
+        }
+        // The limiter's own record, whatever the trap's text says.
+        if let Some(refusal) = store.data().limits.refusal() {
+            tracing::warn!(plugin = %plugin, batch_id, "{refusal}");
             return PluginError::MemoryExceeded {
                 plugin,
                 batch_id,
                 limit: sandbox.memory_bytes,
             };
         }
-        let stderr = String::from_utf8_lossy(&store.data().stderr.contents())
-            .trim()
-            .to_owned();
+        let root = e.root_cause().to_string();
+        let stderr = store.data().log.stderr_tail();
         let trap = match e.downcast_ref::<Trap>() {
             Some(t) => t.to_string(),
             None => root,
@@ -276,6 +309,20 @@ impl Runtime {
             batch_id,
             trap,
             stderr,
+        }
+    }
+
+    /// The instance holds as many host resources as it may.
+    fn err_resources(&self, batch_id: u64) -> PluginError {
+        PluginError::HostBudget {
+            plugin: self.options.name.clone(),
+            batch_id,
+            budget: Budget::Resources {
+                limit: MAX_RESOURCES as u64,
+            },
+            reason: "the host could not hand it another resource (stream, pollable, \
+                     request...): drop the ones it no longer needs"
+                .to_owned(),
         }
     }
 
@@ -293,6 +340,17 @@ impl Runtime {
             row: e.row,
         }
     }
+}
+
+/// Whether `e` comes from a full resource table (more than
+/// [`MAX_RESOURCES`] live host resources).
+fn resources_exhausted(e: &wasmtime::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<ResourceTableError>(),
+            Some(ResourceTableError::Full)
+        )
+    })
 }
 
 fn check_input(name: &str, schema: &SchemaRef) -> Result<Vec<wit::Field>, PluginError> {
@@ -379,7 +437,13 @@ impl WasmTransform {
             keyed: None,
         };
         let fields = this.start()?;
-        this.output_schema = convert::arrow_schema(&fields, &this.input_schema);
+        this.output_schema =
+            convert::arrow_schema(&fields, &this.input_schema).map_err(|reason| {
+                PluginError::MalformedSchema {
+                    plugin: this.rt.options.name.clone(),
+                    reason,
+                }
+            })?;
         this.declared_schema = Arc::clone(&this.output_schema);
         Ok(this)
     }
@@ -436,10 +500,12 @@ impl WasmTransform {
             self.rt.err_instantiate(err)
         })?;
         let config = self.rt.options.config_json.clone();
-        let opened = bindings
-            .weir_plugin_transformer()
-            .call_open(&mut store, &config, &self.input_fields)
-            .map_err(|e| self.rt.classify(&store, 0, &e))?;
+        let opened =
+            bindings
+                .weir_plugin_transformer()
+                .call_open(&mut store, &config, &self.input_fields);
+        store.data().log.end();
+        let opened = opened.map_err(|e| self.rt.classify(&store, 0, &e))?;
         let fields = opened.map_err(|e| PluginError::InvalidConfig {
             plugin: self.rt.options.name.clone(),
             message: e.message,
@@ -515,14 +581,15 @@ impl WasmTransform {
         self.rt.arm(&mut live.store)?;
         let fuel_before = self.rt.fuel_left(&live.store);
         live.store.data_mut().begin_call(info, Phase::InTransform);
-        let resource = live
-            .store
-            .data_mut()
-            .table
-            .push(HostBatch {
-                batch: batch.clone(),
-            })
-            .map_err(|e| self.rt.err_instantiate(e))?;
+        let pushed = live.store.data_mut().table.push(HostBatch {
+            batch: batch.clone(),
+        });
+        let Ok(resource) = pushed else {
+            // Resources it kept from earlier calls fill the table: start afresh.
+            let err = self.rt.err_resources(info.batch_id);
+            self.live = None;
+            return Err(err);
+        };
         let rep = Resource::<HostBatch>::new_borrow(resource.rep());
         let wit_info = wit_info(info);
         live.store.data_mut().keyed = self.keyed.take();
@@ -534,6 +601,7 @@ impl WasmTransform {
         // The guest only borrowed the batch; take it back out of the table.
         let _ = live.store.data_mut().table.delete(resource);
         live.store.data_mut().call.phase = None;
+        live.store.data().log.end();
         self.rt.account(&live.store, started, fuel_before);
         if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
             // Whatever the guest made of the refusal, the batch fails on it.
@@ -710,10 +778,12 @@ impl WasmSink {
             self.rt.err_instantiate(err)
         })?;
         let config = self.rt.options.config_json.clone();
-        let opened = bindings
-            .weir_plugin_writer()
-            .call_open(&mut store, &config, &self.input_fields)
-            .map_err(|e| self.rt.classify(&store, 0, &e))?;
+        let opened =
+            bindings
+                .weir_plugin_writer()
+                .call_open(&mut store, &config, &self.input_fields);
+        store.data().log.end();
+        let opened = opened.map_err(|e| self.rt.classify(&store, 0, &e))?;
         opened.map_err(|e| PluginError::InvalidConfig {
             plugin: self.rt.options.name.clone(),
             message: e.message,
@@ -759,14 +829,15 @@ impl WasmSink {
         if let Some(grants) = &self.rt.delta_merge {
             grants.lock().unwrap_or_else(|p| p.into_inner()).begin(info);
         }
-        let resource = live
-            .store
-            .data_mut()
-            .table
-            .push(HostBatch {
-                batch: batch.clone(),
-            })
-            .map_err(|e| self.rt.err_instantiate(e))?;
+        let pushed = live.store.data_mut().table.push(HostBatch {
+            batch: batch.clone(),
+        });
+        let Ok(resource) = pushed else {
+            // Resources it kept from earlier calls fill the table: start afresh.
+            let err = self.rt.err_resources(info.batch_id);
+            self.live = None;
+            return Err(err);
+        };
         let rep = Resource::<HostBatch>::new_borrow(resource.rep());
         let result = live.bindings.weir_plugin_writer().call_write_batch(
             &mut live.store,
@@ -775,6 +846,7 @@ impl WasmSink {
         );
         let _ = live.store.data_mut().table.delete(resource);
         live.store.data_mut().call.phase = None;
+        live.store.data().log.end();
         self.rt.account(&live.store, started, fuel_before);
         if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
             // Whatever the guest made of the refusal, the batch fails on it.

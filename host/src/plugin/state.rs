@@ -1,12 +1,13 @@
 //! What a plugin's `Store` holds, and the host functions a plugin imports:
-//! the batch resource it pulls columns from, logging and deterministic
-//! randomness (drawn from the store's [`BatchSeed`]). Everything here is per instance, so tenants never share state.
+//! the batch resource it pulls columns from, logging (capped, see `logs`) and deterministic
+//! randomness (drawn from the store's [`BatchSeed`]), and the deadline of the
+//! call in progress. Everything here is per instance, so tenants never share state.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use wasmtime::component::{Resource, ResourceTable};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::WasiHttpCtx;
 
@@ -15,6 +16,7 @@ use super::bindings::wit;
 use super::convert;
 use super::grants::HttpGuard;
 use super::limiter::MemoryLimiter;
+use super::logs::{Level, PluginLog};
 use super::replay::BatchSeed;
 use crate::failpoint::{Failpoint, Phase};
 
@@ -46,9 +48,12 @@ pub(crate) struct CallState {
 pub(crate) struct HostState {
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
+    /// The memory limit over memories and tables, and what is left of it
+    /// for the results host calls build (see `limiter`).
     pub(crate) limits: MemoryLimiter,
     pub(crate) plugin: Arc<str>,
-    pub(crate) stderr: MemoryOutputPipe,
+    /// The `log` import and stderr, capped per call (see `logs`).
+    pub(crate) log: PluginLog,
     pub(crate) call: CallState,
     pub(crate) failpoint: Option<Failpoint>,
     /// A stateful transform's keyed state, lent for the length of one call.
@@ -60,6 +65,10 @@ pub(crate) struct HostState {
     pub(crate) http_guard: HttpGuard,
     /// The Delta tables a sink may MERGE into (`None`: not granted, or a transform).
     pub(crate) delta_merge: Option<super::merge_capability::SharedGrants>,
+    /// When the call in progress must end (`limits.timeout` after it began):
+    /// what bounds the host calls epoch interruption cannot stop (see
+    /// `deadline`). `None`: no limit (a timeout too large to represent).
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl WasiView for HostState {
@@ -80,6 +89,7 @@ impl HostState {
             batch_id: info.batch_id,
             phase: Some(phase),
         };
+        self.log.begin(info.batch_id);
         self.http_guard.denied = None;
     }
 
@@ -136,15 +146,14 @@ impl wit::HostBatch for HostState {
 impl host::Host for HostState {
     fn log(&mut self, level: host::LogLevel, message: String) -> wasmtime::Result<()> {
         self.at_host_call();
-        let plugin = &*self.plugin;
-        let batch_id = self.call.batch_id;
-        match level {
-            host::LogLevel::Trace => tracing::trace!(plugin, batch_id, "{message}"),
-            host::LogLevel::Debug => tracing::debug!(plugin, batch_id, "{message}"),
-            host::LogLevel::Info => tracing::info!(plugin, batch_id, "{message}"),
-            host::LogLevel::Warn => tracing::warn!(plugin, batch_id, "{message}"),
-            host::LogLevel::Error => tracing::error!(plugin, batch_id, "{message}"),
-        }
+        let level = match level {
+            host::LogLevel::Trace => Level::Trace,
+            host::LogLevel::Debug => Level::Debug,
+            host::LogLevel::Info => Level::Info,
+            host::LogLevel::Warn => Level::Warn,
+            host::LogLevel::Error => Level::Error,
+        };
+        self.log.message(level, &message);
         Ok(())
     }
 

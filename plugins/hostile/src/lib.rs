@@ -8,7 +8,24 @@
 //! `bad-output` (a column one value short), `bad-type` (a column of the wrong
 //! type), `error`, `retryable`, `random`, `replay` (adds what it reads of the
 //! clocks and random sources), `env` (adds the environment it sees), `http`
-//! (GETs `http://{address}/` over wasi:http and adds the response body).
+//! (GETs `http://{address}/` over wasi:http and adds the response body),
+//! `https` (the same over TLS), `sleep` (waits on a monotonic-clock pollable
+//! of `u64::MAX` ns: forever).
+//!
+//! Output that lies about itself, to prove it cannot crash the host: each
+//! `ipc-*` mode returns the host's own Arrow IPC stream of the batch with one
+//! field of its flatbuffer metadata overwritten: `ipc-huge-body` (the record
+//! batch announces a 2^62-byte body), `ipc-negative-body` (a body of -8
+//! bytes), `ipc-unknown-type` (column 0's type is 99), `ipc-bad-bit-width`
+//! (column 0, an int64, has bit width 7), `ipc-decimal-scale-90` (`amount`,
+//! a DECIMAL(12,2), has scale 90). `decimal-scale-90` sets `amount` as a typed
+//! column declared decimal128(38, 90); `declare-decimal-scale-90` declares an
+//! output column of that type when it opens.
+//!
+//! Floods, to prove the host caps what it keeps for a plugin: `log-spam`
+//! (100,000 `log` messages of 1 KiB, then one of 4 MiB), `stderr-spam`
+//! (64 MiB to stderr in lines of 1 KiB), `resources` (monotonic-clock
+//! pollables, opened and never dropped, without end).
 //!
 //! Without `mode` it passes every batch through and takes (and ignores)
 //! `filter_rows`' keys `column`, `op` and `value`: it then stands in as
@@ -70,6 +87,18 @@ impl Transform for Hostile {
             "replay",
             "env",
             "http",
+            "ipc-huge-body",
+            "ipc-negative-body",
+            "ipc-unknown-type",
+            "ipc-bad-bit-width",
+            "ipc-decimal-scale-90",
+            "decimal-scale-90",
+            "declare-decimal-scale-90",
+            "https",
+            "sleep",
+            "log-spam",
+            "stderr-spam",
+            "resources",
         ];
         if !known.contains(&config.mode.as_str()) {
             return Err(PluginError::invalid_config(format!(
@@ -97,7 +126,10 @@ impl Transform for Hostile {
                 Column::int64("wasi_insecure", Vec::new(), None),
             ],
             "env" => vec![Column::utf8_from_iter("env", std::iter::empty())],
-            "http" => vec![Column::utf8_from_iter("http", std::iter::empty())],
+            "http" | "https" => vec![Column::utf8_from_iter("http", std::iter::empty())],
+            "declare-decimal-scale-90" => {
+                vec![Column::decimal128("tiny", 38, 90, Vec::new(), None)]
+            }
             _ => vec![],
         };
         for column in added {
@@ -203,10 +235,18 @@ impl Transform for Hostile {
                     ))
                     .into())
             }
-            "http" => {
+            "sleep" => {
+                wasi_io::sleep_forever();
+                Err(PluginError::fatal(
+                    "hostile plugin: woke up from an endless sleep",
+                ))
+            }
+            "http" | "https" => {
                 let address = self.config.address.as_deref().unwrap_or("127.0.0.1:9");
-                let body = wasi_io::http_get(address).map_err(|e| {
-                    PluginError::fatal(format!("HTTP GET http://{address}/ failed: {e}"))
+                let tls = self.config.mode == "https";
+                let body = wasi_io::http_get(address, tls).map_err(|e| {
+                    let scheme = if tls { "https" } else { "http" };
+                    PluginError::fatal(format!("HTTP GET {scheme}://{address}/ failed: {e}"))
                 })?;
                 Ok(Output::edit()
                     .set_column(Column::utf8_from_iter(
@@ -215,6 +255,47 @@ impl Transform for Hostile {
                     ))
                     .into())
             }
+            "ipc-huge-body"
+            | "ipc-negative-body"
+            | "ipc-unknown-type"
+            | "ipc-bad-bit-width"
+            | "ipc-decimal-scale-90" => {
+                let mut bytes = batch.to_ipc()?;
+                ipc_patch::apply(&mut bytes, &self.config.mode).map_err(|e| {
+                    PluginError::fatal(format!("hostile plugin: cannot patch the IPC stream: {e}"))
+                })?;
+                Ok(Output::ipc(bytes))
+            }
+            "decimal-scale-90" => {
+                let rows = batch.num_rows();
+                Ok(Output::edit()
+                    .set_column(Column::decimal128("amount", 38, 90, vec![0; rows], None))
+                    .into())
+            }
+            "log-spam" => {
+                let line = "x".repeat(1 << 10);
+                for i in 0..100_000 {
+                    weir_plugin_sdk::log_info(&format!("spam {i}: {line}"));
+                }
+                weir_plugin_sdk::log_info(&"y".repeat(4 << 20));
+                Ok(Output::unchanged())
+            }
+            "stderr-spam" => {
+                use std::io::Write;
+                let mut line = vec![b'z'; (1 << 10) - 1];
+                line.push(b'\n');
+                let mut stderr = std::io::stderr().lock();
+                for _ in 0..(64 << 20) / line.len() {
+                    stderr.write_all(&line).map_err(|e| {
+                        PluginError::fatal(format!("hostile plugin: stderr refused a line: {e}"))
+                    })?;
+                }
+                Ok(Output::unchanged())
+            }
+            "resources" => Err(PluginError::fatal(format!(
+                "hostile plugin: the host let it hold {} pollables",
+                wasi_io::hoard_pollables()
+            ))),
             "error" => Err(PluginError::fatal("hostile plugin: refusing this batch").at_row(3)),
             "retryable" => Err(PluginError::retryable("hostile plugin: try again later")),
             "random" => {
@@ -229,6 +310,152 @@ impl Transform for Hostile {
                 batch.num_rows(),
             )))),
         }
+    }
+}
+
+/// Overwrites one field of an Arrow IPC stream's flatbuffer metadata, found
+/// by walking the tables by hand (the plugin carries no Arrow library).
+/// Field slots are numbered as in Arrow's `Message.fbs` and `Schema.fbs`.
+mod ipc_patch {
+    /// `Message`: `header` and `bodyLength`.
+    const MESSAGE_HEADER: usize = 2;
+    const MESSAGE_BODY_LENGTH: usize = 3;
+    /// `Schema.fields`.
+    const SCHEMA_FIELDS: usize = 1;
+    /// `Field`: `type_type` and `type`.
+    const FIELD_TYPE_TYPE: usize = 2;
+    const FIELD_TYPE: usize = 3;
+    /// `Int.bitWidth`, `Decimal.scale`.
+    const INT_BIT_WIDTH: usize = 0;
+    const DECIMAL_SCALE: usize = 1;
+    /// The `Type` union's tag of `Decimal`.
+    const TYPE_DECIMAL: u8 = 7;
+
+    /// Applies `mode`'s lie to `bytes`, the host's IPC stream of a batch.
+    pub fn apply(bytes: &mut [u8], mode: &str) -> Result<(), String> {
+        let messages = messages(bytes)?;
+        let (schema, batch) = match messages.as_slice() {
+            [schema, batch, ..] => (schema.clone(), batch.clone()),
+            _ => {
+                return Err(format!(
+                    "{} messages, not a schema and a batch",
+                    messages.len()
+                ));
+            }
+        };
+        match mode {
+            "ipc-huge-body" => body_length(&mut bytes[batch], 1 << 62),
+            "ipc-negative-body" => body_length(&mut bytes[batch], -8),
+            "ipc-unknown-type" => {
+                let meta = &mut bytes[schema];
+                let at = slot(meta, field(meta, 0)?, FIELD_TYPE_TYPE)?;
+                write(meta, at, &[99])
+            }
+            "ipc-bad-bit-width" => {
+                let meta = &mut bytes[schema];
+                let int = follow(meta, slot(meta, field(meta, 0)?, FIELD_TYPE)?)?;
+                let at = slot(meta, int, INT_BIT_WIDTH)?;
+                write(meta, at, &7i32.to_le_bytes())
+            }
+            "ipc-decimal-scale-90" => {
+                let meta = &mut bytes[schema];
+                for i in 0..fields(meta)?.1 {
+                    let field = field(meta, i)?;
+                    if read::<1>(meta, slot(meta, field, FIELD_TYPE_TYPE)?)? == [TYPE_DECIMAL] {
+                        let decimal = follow(meta, slot(meta, field, FIELD_TYPE)?)?;
+                        let at = slot(meta, decimal, DECIMAL_SCALE)?;
+                        return write(meta, at, &90i32.to_le_bytes());
+                    }
+                }
+                Err("no decimal column".into())
+            }
+            other => Err(format!("no IPC patch for mode {other:?}")),
+        }
+    }
+
+    /// Where each message's metadata lies in `bytes`.
+    fn messages(bytes: &[u8]) -> Result<Vec<std::ops::Range<usize>>, String> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < bytes.len() {
+            if read::<4>(bytes, pos)? != [0xff; 4] {
+                return Err(format!("no continuation marker at byte {pos}"));
+            }
+            let len = usize::try_from(i32::from_le_bytes(read::<4>(bytes, pos + 4)?))
+                .map_err(|e| e.to_string())?;
+            if len == 0 {
+                break;
+            }
+            let meta = bytes
+                .get(pos + 8..pos + 8 + len)
+                .ok_or("metadata past the end")?;
+            let body = match slot(meta, follow(meta, 0)?, MESSAGE_BODY_LENGTH) {
+                Ok(at) => i64::from_le_bytes(read::<8>(meta, at)?),
+                Err(_) => 0,
+            };
+            out.push(pos + 8..pos + 8 + len);
+            pos += 8 + len + usize::try_from(body).map_err(|e| e.to_string())?;
+        }
+        Ok(out)
+    }
+
+    fn body_length(meta: &mut [u8], value: i64) -> Result<(), String> {
+        let at = slot(meta, follow(meta, 0)?, MESSAGE_BODY_LENGTH)?;
+        write(meta, at, &value.to_le_bytes())
+    }
+
+    /// The schema's field vector and its length.
+    fn fields(meta: &[u8]) -> Result<(usize, usize), String> {
+        let schema = follow(meta, slot(meta, follow(meta, 0)?, MESSAGE_HEADER)?)?;
+        let fields = follow(meta, slot(meta, schema, SCHEMA_FIELDS)?)?;
+        let count = u32::from_le_bytes(read::<4>(meta, fields)?);
+        Ok((fields, usize::try_from(count).map_err(|e| e.to_string())?))
+    }
+
+    /// The table of field `index` of a schema message.
+    fn field(meta: &[u8], index: usize) -> Result<usize, String> {
+        let (fields, count) = fields(meta)?;
+        if index >= count {
+            return Err(format!("the schema has {count} fields"));
+        }
+        follow(meta, fields + 4 + 4 * index)
+    }
+
+    /// Where field slot `id` of the table at `table` lives.
+    fn slot(meta: &[u8], table: usize, id: usize) -> Result<usize, String> {
+        let soffset = i32::from_le_bytes(read::<4>(meta, table)?);
+        let vtable = i64::try_from(table).map_err(|e| e.to_string())? - i64::from(soffset);
+        let vtable = usize::try_from(vtable).map_err(|e| e.to_string())?;
+        let size = u16::from_le_bytes(read::<2>(meta, vtable)?);
+        let entry = 4 + 2 * id;
+        if entry + 2 > usize::from(size) {
+            return Err(format!("slot {id} is absent"));
+        }
+        match u16::from_le_bytes(read::<2>(meta, vtable + entry)?) {
+            0 => Err(format!("slot {id} is absent")),
+            offset => Ok(table + usize::from(offset)),
+        }
+    }
+
+    /// Where the offset stored at `at` points.
+    fn follow(meta: &[u8], at: usize) -> Result<usize, String> {
+        let offset = u32::from_le_bytes(read::<4>(meta, at)?);
+        Ok(at + usize::try_from(offset).map_err(|e| e.to_string())?)
+    }
+
+    fn read<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], String> {
+        bytes
+            .get(at..at + N)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("byte {at} is past the end"))
+    }
+
+    fn write(bytes: &mut [u8], at: usize, value: &[u8]) -> Result<(), String> {
+        bytes
+            .get_mut(at..at + value.len())
+            .ok_or_else(|| format!("byte {at} is past the end"))?
+            .copy_from_slice(value);
+        Ok(())
     }
 }
 
@@ -253,10 +480,27 @@ mod wasi_io {
         wasip2::random::insecure::get_insecure_random_u64()
     }
 
-    pub fn http_get(authority: &str) -> Result<String, String> {
+    /// Opens pollables and keeps them all, until the host refuses one
+    /// (a trap) or ten million are open.
+    pub fn hoard_pollables() -> usize {
+        let mut hoard = Vec::new();
+        while hoard.len() < 10_000_000 {
+            hoard.push(wasip2::clocks::monotonic_clock::subscribe_duration(0));
+        }
+        hoard.len()
+    }
+
+    /// Waits on a pollable that is never ready: a sleep of `u64::MAX` ns.
+    pub fn sleep_forever() {
+        let pollable = wasip2::clocks::monotonic_clock::subscribe_duration(u64::MAX);
+        wasip2::io::poll::poll(&[&pollable]);
+    }
+
+    pub fn http_get(authority: &str, tls: bool) -> Result<String, String> {
         let request = OutgoingRequest::new(Fields::new());
+        let scheme = if tls { Scheme::Https } else { Scheme::Http };
         request
-            .set_scheme(Some(&Scheme::Http))
+            .set_scheme(Some(&scheme))
             .map_err(|()| "bad scheme".to_string())?;
         request
             .set_authority(Some(authority))
@@ -299,7 +543,13 @@ mod wasi_io {
         0
     }
 
-    pub fn http_get(_authority: &str) -> Result<String, String> {
+    pub fn sleep_forever() {}
+
+    pub fn hoard_pollables() -> usize {
+        0
+    }
+
+    pub fn http_get(_authority: &str, _tls: bool) -> Result<String, String> {
         Err("wasi:http exists only in a Wasm guest".into())
     }
 }
