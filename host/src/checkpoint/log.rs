@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{CheckpointError, fsio};
+use super::{CheckpointError, MAX_BATCH_ID, fsio};
 
 /// The first line of every entry.
 const VERSION_LINE: &[u8] = b"v1";
@@ -36,7 +36,8 @@ impl BatchLog<'_> {
         &self.dir
     }
 
-    fn entry_path(&self, n: u64) -> PathBuf {
+    /// The file of entry `n` (whether or not it exists).
+    pub fn entry_path(&self, n: u64) -> PathBuf {
         self.dir.join(n.to_string())
     }
 
@@ -54,7 +55,8 @@ impl BatchLog<'_> {
     ///
     /// # Errors
     ///
-    /// [`CheckpointError::Io`] when the directory cannot be listed.
+    /// [`CheckpointError::Io`] when the directory cannot be listed, [`CheckpointError::Corrupt`]
+    /// naming an entry whose number is above [`MAX_BATCH_ID`].
     pub fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -64,8 +66,20 @@ impl BatchLog<'_> {
         let mut ids = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| CheckpointError::io(&self.dir, "list", e))?;
-            if let Some(n) = entry.file_name().to_str().and_then(parse_entry_name) {
-                ids.push(n);
+            let name = entry.file_name();
+            match name.to_str().map_or(EntryName::Other, parse_entry_name) {
+                EntryName::Id(n) => ids.push(n),
+                EntryName::TooLarge => {
+                    return Err(CheckpointError::corrupt(
+                        &self.dir.join(&name),
+                        format!(
+                            "batch id {} is above the largest batch id {MAX_BATCH_ID}; \
+                             the entry was not written by Weir",
+                            name.to_string_lossy()
+                        ),
+                    ));
+                }
+                EntryName::Other => {}
             }
         }
         ids.sort_unstable();
@@ -95,10 +109,20 @@ impl BatchLog<'_> {
     /// # Errors
     ///
     /// [`CheckpointError::Conflict`] naming the file when entry `n` exists with a different value,
-    /// [`CheckpointError::Corrupt`] when the existing entry is damaged, [`CheckpointError::Encode`]
-    /// or [`CheckpointError::Io`] when the entry cannot be written.
+    /// [`CheckpointError::Corrupt`] when the existing entry is damaged or `n` is above
+    /// [`MAX_BATCH_ID`] (the ids before it were altered), [`CheckpointError::Encode`] or
+    /// [`CheckpointError::Io`] when the entry cannot be written.
     pub fn put<T: Serialize>(&self, n: u64, value: &T) -> Result<(), CheckpointError> {
         let path = self.entry_path(n);
+        if n > MAX_BATCH_ID {
+            return Err(CheckpointError::corrupt(
+                &path,
+                format!(
+                    "batch id {n} would be above the largest batch id {MAX_BATCH_ID}; \
+                     the ids of the entries before it were altered"
+                ),
+            ));
+        }
         let mut bytes = Vec::with_capacity(128);
         bytes.extend_from_slice(VERSION_LINE);
         bytes.push(b'\n');
@@ -167,12 +191,77 @@ impl BatchLog<'_> {
     }
 }
 
-/// `Some(n)` for a canonical decimal name (no sign, no leading zero except `0` itself).
-fn parse_entry_name(name: &str) -> Option<u64> {
+/// One log of a [`super::CheckpointReader`]: the read side of [`BatchLog`], with no way to
+/// write (the reader holds no lock).
+#[derive(Debug, Clone)]
+pub struct LogReader(BatchLog<'static>);
+
+impl LogReader {
+    pub(super) fn new(dir: PathBuf) -> Self {
+        Self(BatchLog::new(dir))
+    }
+
+    /// The directory of this log.
+    pub fn dir(&self) -> &Path {
+        self.0.dir()
+    }
+
+    /// The file of entry `n` (whether or not it exists).
+    pub fn entry_path(&self, n: u64) -> PathBuf {
+        self.0.entry_path(n)
+    }
+
+    /// As [`BatchLog::latest`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BatchLog::ids`].
+    pub fn latest(&self) -> Result<Option<u64>, CheckpointError> {
+        self.0.latest()
+    }
+
+    /// As [`BatchLog::ids`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BatchLog::ids`].
+    pub fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        self.0.ids()
+    }
+
+    /// As [`BatchLog::get`]; `T = serde_json::Value` reads any entry.
+    ///
+    /// # Errors
+    ///
+    /// As [`BatchLog::get`].
+    pub fn get<T: DeserializeOwned>(&self, n: u64) -> Result<Option<T>, CheckpointError> {
+        self.0.get(n)
+    }
+}
+
+/// What a file name in a log directory is.
+#[derive(Debug, PartialEq, Eq)]
+enum EntryName {
+    /// A canonical decimal number (no sign, no leading zero except `0` itself) up to
+    /// [`MAX_BATCH_ID`]: an entry.
+    Id(u64),
+    /// A canonical decimal number above [`MAX_BATCH_ID`] (or above `u64::MAX`).
+    TooLarge,
+    /// Anything else (temporary files, `012`): not an entry.
+    Other,
+}
+
+fn parse_entry_name(name: &str) -> EntryName {
     let canonical = !name.is_empty()
         && name.bytes().all(|b| b.is_ascii_digit())
         && (name == "0" || !name.starts_with('0'));
-    if canonical { name.parse().ok() } else { None }
+    if !canonical {
+        return EntryName::Other;
+    }
+    match name.parse::<u64>() {
+        Ok(n) if n <= MAX_BATCH_ID => EntryName::Id(n),
+        _ => EntryName::TooLarge,
+    }
 }
 
 fn parse_entry<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, CheckpointError> {
@@ -218,24 +307,26 @@ fn parse_entry<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, Chec
 
 #[cfg(test)]
 mod tests {
-    use super::parse_entry_name;
+    use super::{EntryName, MAX_BATCH_ID, parse_entry_name};
 
     #[test]
     fn entry_names() {
-        assert_eq!(parse_entry_name("0"), Some(0));
-        assert_eq!(parse_entry_name("17"), Some(17));
-        assert_eq!(parse_entry_name("18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            "",
-            "+1",
-            "01",
-            ".1.tmp",
-            "1.tmp",
-            "-1",
+        assert_eq!(parse_entry_name("0"), EntryName::Id(0));
+        assert_eq!(parse_entry_name("17"), EntryName::Id(17));
+        assert_eq!(
+            parse_entry_name("9223372036854775807"),
+            EntryName::Id(MAX_BATCH_ID)
+        );
+        for huge in [
+            "9223372036854775808",
+            "18446744073709551615",
             "18446744073709551616",
-            "x",
+            "99999999999999999999999",
         ] {
-            assert_eq!(parse_entry_name(bad), None, "{bad}");
+            assert_eq!(parse_entry_name(huge), EntryName::TooLarge, "{huge}");
+        }
+        for other in ["", "+1", "01", ".1.tmp", "1.tmp", "-1", "x"] {
+            assert_eq!(parse_entry_name(other), EntryName::Other, "{other}");
         }
     }
 }

@@ -13,6 +13,8 @@
 //! offsets/<N>     write-ahead log entry for batch N, written before batch N runs
 //! commits/<N>     batch N finished
 //! sources/<i>/<N> per-source log entries
+//! state/<op>/     state stores of stateful operator <op> (handed out by `state_dir`)
+//! sinks/<sink>/   a sink's own recovery records, e.g. `sinks/delta/pending/` (`sink_dir`)
 //! progress.jsonl  one JSON progress record per batch
 //! lock            advisory lock held by the running process, with its pid, host and start time
 //! ```
@@ -21,6 +23,10 @@
 //! written atomically: a hidden temporary file in the same directory, fsync, rename, fsync of the
 //! directory. A reader therefore sees either no entry or a whole one; anything else is damage and is
 //! reported as [`CheckpointError::Corrupt`] naming the file.
+//!
+//! Writers open a [`Checkpoint`] (which takes the lock); `weir checkpoint inspect`, tools and
+//! tests read through a [`CheckpointReader`], which takes no lock and writes nothing, so nobody
+//! outside this module needs to know the file names.
 //!
 //! Submodules: `log` (the numbered entry logs), `lock` (who holds the checkpoint), `fsio` (atomic
 //! writes and timestamps).
@@ -36,16 +42,25 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use self::fsio::write_atomically;
-pub use self::log::BatchLog;
+pub use self::log::{BatchLog, LogReader};
 
 /// Version of the `metadata` file and of the log-entry format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// The largest batch id a checkpoint holds. Delta's `txn` versions (the exactly-once record of
+/// the Delta sinks) are `i64`, and the query plans batch `N + 1` after batch `N`: bounding ids by
+/// `i64::MAX` keeps both sound. A log entry named above it was not written by Weir (counting up
+/// from 0, one batch at a time, it would take millennia) and is reported as
+/// [`CheckpointError::Corrupt`] instead of overflowing.
+pub const MAX_BATCH_ID: u64 = i64::MAX.unsigned_abs();
 
 const METADATA_FILE: &str = "metadata";
 const PROGRESS_FILE: &str = "progress.jsonl";
 const OFFSETS_DIR: &str = "offsets";
 const COMMITS_DIR: &str = "commits";
 const SOURCES_DIR: &str = "sources";
+const STATE_DIR: &str = "state";
+const SINKS_DIR: &str = "sinks";
 
 /// What went wrong with a checkpoint directory; every variant names the file or directory.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +117,19 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
+    /// Whether the same step may succeed later: only I/O may pass; a lock held by
+    /// another process, a damaged or foreign file and an encoding failure stay as
+    /// they are. Every variant is listed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Io { .. } => true,
+            Self::Locked { .. }
+            | Self::Corrupt { .. }
+            | Self::Conflict { .. }
+            | Self::Encode { .. } => false,
+        }
+    }
+
     fn io(path: &Path, op: &'static str, source: std::io::Error) -> Self {
         Self::Io {
             path: path.to_path_buf(),
@@ -110,7 +138,9 @@ impl CheckpointError {
         }
     }
 
-    fn corrupt(file: &Path, reason: impl Into<String>) -> Self {
+    /// A [`CheckpointError::Corrupt`] naming `file`; also used by the sources and sinks, which
+    /// validate what their own entries say (file names, sizes, paths) before using it.
+    pub(crate) fn corrupt(file: &Path, reason: impl Into<String>) -> Self {
         Self::Corrupt {
             file: file.to_path_buf(),
             reason: reason.into(),
@@ -233,6 +263,16 @@ impl Checkpoint {
         BatchLog::new(self.dir.join(SOURCES_DIR).join(source_index.to_string()))
     }
 
+    /// The folder of stateful operator `operator`'s state stores: `state/<operator>/`.
+    pub fn state_dir(&self, operator: &str) -> PathBuf {
+        self.dir.join(STATE_DIR).join(operator)
+    }
+
+    /// The folder of sink `sink`'s own recovery records: `sinks/<sink>/`.
+    pub fn sink_dir(&self, sink: &str) -> PathBuf {
+        self.dir.join(SINKS_DIR).join(sink)
+    }
+
     /// Appends `record` as one line to `progress.jsonl`.
     ///
     /// The line is written with a single `write` on a file opened for appending, so concurrent
@@ -257,6 +297,98 @@ impl Checkpoint {
         file.write_all(&line)
             .and_then(|()| file.flush())
             .map_err(|e| CheckpointError::io(&path, "append to", e))
+    }
+}
+
+/// A checkpoint read without its lock and never written: what `weir checkpoint inspect`, tools
+/// and tests see of a query, stopped or running.
+///
+/// Entries are written atomically, so a reader racing a running query sees each entry whole
+/// or not at all; the set of entries may of course move on between two calls.
+#[derive(Debug, Clone)]
+pub struct CheckpointReader {
+    dir: PathBuf,
+    metadata: Option<Metadata>,
+}
+
+impl CheckpointReader {
+    /// Reads the checkpoint at `dir`; its `metadata` is `None` when the query never started.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] when `dir` or its `metadata` cannot be read (a missing `dir`
+    /// included), [`CheckpointError::Corrupt`] when `metadata` is damaged.
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        std::fs::metadata(dir).map_err(|e| CheckpointError::io(dir, "read", e))?;
+        let metadata_path = dir.join(METADATA_FILE);
+        let metadata = match std::fs::read(&metadata_path) {
+            Ok(bytes) => Some(parse_metadata(&metadata_path, &bytes)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(CheckpointError::io(&metadata_path, "read", e)),
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            metadata,
+        })
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The contents of `metadata`, `None` before the first start.
+    pub fn metadata(&self) -> Option<&Metadata> {
+        self.metadata.as_ref()
+    }
+
+    /// The write-ahead log: `offsets/<N>`.
+    pub fn offsets(&self) -> LogReader {
+        LogReader::new(self.dir.join(OFFSETS_DIR))
+    }
+
+    /// The commit log: `commits/<N>`.
+    pub fn commits(&self) -> LogReader {
+        LogReader::new(self.dir.join(COMMITS_DIR))
+    }
+
+    /// The log of source number `source_index`: `sources/<i>/<N>`.
+    pub fn source_log(&self, source_index: usize) -> LogReader {
+        LogReader::new(self.dir.join(SOURCES_DIR).join(source_index.to_string()))
+    }
+
+    /// The folder of stateful operator `operator`'s state stores.
+    pub fn state_dir(&self, operator: &str) -> PathBuf {
+        self.dir.join(STATE_DIR).join(operator)
+    }
+
+    /// Every progress record in `progress.jsonl`, oldest first (none when the file is missing).
+    /// A last line without its newline (a record being appended now) is left out.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::Io`] when the file cannot be read, [`CheckpointError::Corrupt`]
+    /// naming it and the line when a whole line is not JSON.
+    pub fn progress(&self) -> Result<Vec<serde_json::Value>, CheckpointError> {
+        let path = self.dir.join(PROGRESS_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(CheckpointError::io(&path, "read", e)),
+        };
+        let whole = match text.rfind('\n') {
+            Some(end) => &text[..end],
+            None => "",
+        };
+        whole
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(i, line)| {
+                serde_json::from_str(line)
+                    .map_err(|e| CheckpointError::corrupt(&path, format!("line {}: {e}", i + 1)))
+            })
+            .collect()
     }
 }
 
@@ -498,6 +630,57 @@ mod tests {
         }
         // latest/ids only look at names, so damage is found when the entry is read.
         assert_eq!(cp.offsets().latest().unwrap(), Some(cases.len() as u64 - 1));
+    }
+
+    #[test]
+    fn batch_ids_near_the_top_of_u64_are_corrupt_not_overflowing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(tmp.path()).unwrap();
+        // The largest id is an ordinary entry; the next one cannot be written.
+        cp.commits().put(MAX_BATCH_ID, &1).unwrap();
+        assert_eq!(cp.commits().latest().unwrap(), Some(MAX_BATCH_ID));
+        let err = cp.commits().put(MAX_BATCH_ID + 1, &1).unwrap_err();
+        let CheckpointError::Corrupt { file, reason } = &err else {
+            panic!("expected Corrupt, got {err:?}");
+        };
+        assert_eq!(file, &tmp.path().join("commits/9223372036854775808"));
+        assert!(reason.contains("above the largest batch id"), "{reason}");
+        assert!(!file.exists());
+
+        for name in [
+            "18446744073709551615",
+            "9223372036854775808",
+            "1".repeat(30).as_str(),
+        ] {
+            let victim = tmp.path().join("offsets").join(name);
+            std::fs::create_dir_all(tmp.path().join("offsets")).unwrap();
+            std::fs::write(&victim, "v1\n{}\n").unwrap();
+            for err in [
+                cp.offsets().latest().unwrap_err(),
+                cp.offsets().ids().unwrap_err(),
+                cp.offsets().purge_before(3).unwrap_err(),
+            ] {
+                let CheckpointError::Corrupt { file, reason } = &err else {
+                    panic!("{name}: expected Corrupt, got {err:?}");
+                };
+                assert_eq!(file, &victim, "{name}");
+                assert!(
+                    reason.contains(&format!("batch id {name} is above")),
+                    "{reason}"
+                );
+                assert!(err.to_string().ends_with("start a new checkpoint"), "{err}");
+            }
+            std::fs::remove_file(&victim).unwrap();
+        }
+        drop(cp);
+        // Opening a checkpoint whose metadata is missing lists the logs: the same error.
+        std::fs::write(tmp.path().join("offsets/18446744073709551615"), "v1\n{}\n").unwrap();
+        std::fs::remove_file(tmp.path().join("metadata")).unwrap();
+        let err = Checkpoint::open(tmp.path()).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { file, .. } if file.ends_with("offsets/18446744073709551615")),
+            "{err:?}"
+        );
     }
 
     #[test]

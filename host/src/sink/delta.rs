@@ -28,6 +28,11 @@
 //!    committed with the txn version of the last of them, so a finished run leaves nothing
 //!    behind.
 //!
+//! A pending list is read back from the checkpoint, so it is checked like any checkpoint file:
+//! an `add` path that is absolute or leaves the table folder, or a batch id above
+//! [`MAX_BATCH_ID`], is refused as [`CheckpointError::Corrupt`] naming the list before anything
+//! is deleted or committed.
+//!
 //! A list is written only for batches whose data is not committed in the same call, so the
 //! usual `commit_every = 1` costs no extra fsync. A crash between writing files and committing
 //! them leaves unreferenced Parquet files in the table folder: invisible to readers, removed by
@@ -51,6 +56,7 @@ use deltalake::protocol::{DeltaOperation, OutputMode as DeltaOutputMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::{DeltaTable, DeltaTableError};
 
+use crate::checkpoint::{CheckpointError, MAX_BATCH_ID};
 use crate::failpoint::{Failpoint, Phase};
 use crate::plugin::BatchInfo;
 
@@ -125,7 +131,7 @@ pub enum DeltaSinkError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] CheckpointError),
     #[error("delta sink {}: pending list {} is damaged: {source}", table.display(), file.display())]
     Pending {
         table: PathBuf,
@@ -142,7 +148,8 @@ impl DeltaSinkError {
                 **source,
                 DeltaTableError::SchemaMismatch { .. } | DeltaTableError::Arrow { .. }
             ),
-            Self::Io { .. } | Self::Checkpoint(_) => true,
+            Self::Checkpoint(e) => e.is_retryable(),
+            Self::Io { .. } => true,
             Self::Runtime { .. }
             | Self::PartitionColumn { .. }
             | Self::PartitionMismatch { .. }
@@ -346,16 +353,15 @@ impl DeltaSink {
         }
         if let Some(stale) = self.pending.remove(&n) {
             // A replay of a batch whose files were written but whose commits/N was not.
+            let list = pending_file(&self.options.pending_dir, n);
             for add in &stale {
-                remove_file(
-                    &self.options.path,
-                    &self.options.path.join(decode_path(&add.path)),
-                )?;
+                // Checked when the list was read; checked again right before deleting.
+                let file = table_file(&self.options.path, &add.path).map_err(|why| {
+                    CheckpointError::corrupt(&list, format!("add path {:?} {why}", add.path))
+                })?;
+                remove_file(&self.options.path, &file)?;
             }
-            remove_file(
-                &self.options.path,
-                &pending_file(&self.options.pending_dir, n),
-            )?;
+            remove_file(&self.options.path, &list)?;
         }
         let adds = self.write_files(n, schema, batches)?;
         let due = match (self.options.mode, self.options.commit) {
@@ -559,13 +565,22 @@ fn read_pending(table: &Path, dir: &Path) -> Result<BTreeMap<u64, Vec<Add>>, Del
     for entry in entries {
         let entry = entry.map_err(|e| io(dir, "list the pending lists", e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        // Only the names `pending_file` writes: another name would never be cleaned up.
         let Some(id) = name
             .strip_suffix(".json")
+            .filter(|s| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok())
         else {
             continue;
         };
         let file = entry.path();
+        if id > MAX_BATCH_ID {
+            return Err(CheckpointError::corrupt(
+                &file,
+                format!("batch id {id} is above the largest batch id {MAX_BATCH_ID}"),
+            )
+            .into());
+        }
         let text = std::fs::read(&file).map_err(|e| io(&file, "read", e))?;
         let adds: Vec<Add> =
             serde_json::from_slice(&text).map_err(|source| DeltaSinkError::Pending {
@@ -573,6 +588,21 @@ fn read_pending(table: &Path, dir: &Path) -> Result<BTreeMap<u64, Vec<Add>>, Del
                 file: file.clone(),
                 source,
             })?;
+        // The files of a pending batch are deleted on its replay and committed into the
+        // table later: each must lie inside the table.
+        for add in &adds {
+            if let Err(why) = table_file(table, &add.path) {
+                return Err(CheckpointError::corrupt(
+                    &file,
+                    format!(
+                        "add path {:?} {why}; a pending list names files inside the table {} only",
+                        add.path,
+                        table.display()
+                    ),
+                )
+                .into());
+            }
+        }
         out.insert(id, adds);
     }
     Ok(out)
@@ -605,6 +635,53 @@ fn remove_file(table: &Path, file: &Path) -> Result<(), DeltaSinkError> {
             source,
         }),
     }
+}
+
+/// The data file that the `add` (or `remove`) path `raw` of a Delta log names inside `table`,
+/// or why it is refused.
+///
+/// Delta allows absolute URIs here (shallow clones); Weir reads and deletes only inside the
+/// table's own folder, so a path that is empty, an absolute URI (RFC 2396: a `:` in the first
+/// segment), rooted, or climbs out with `..` (after undoing %-escapes) is refused: a log or a
+/// pending list saying so is damaged or hostile.
+///
+/// # Errors
+/// The reason, phrased to follow the path (`is absolute`).
+pub(crate) fn table_file(table: &Path, raw: &str) -> Result<PathBuf, &'static str> {
+    if raw
+        .split('/')
+        .next()
+        .is_some_and(|first| first.contains(':'))
+    {
+        return Err("is an absolute URI");
+    }
+    let decoded = decode_path(raw);
+    check_relative(&decoded)?;
+    Ok(table.join(decoded))
+}
+
+/// Why `path` (already %-decoded) is not a path of a file inside a folder, if it is not.
+pub(crate) fn check_relative(path: &str) -> Result<(), &'static str> {
+    use std::path::Component;
+    if path.is_empty() {
+        return Err("is empty");
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte");
+    }
+    let mut normal = 0;
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(_) => normal += 1,
+            Component::CurDir => {}
+            Component::ParentDir => return Err("leaves the table folder (`..`)"),
+            Component::RootDir | Component::Prefix(_) => return Err("is absolute"),
+        }
+    }
+    if normal == 0 {
+        return Err("names no file");
+    }
+    Ok(())
 }
 
 /// An `add` path is a URI path relative to the table (RFC 2396): undo its %-escapes.
@@ -813,6 +890,94 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn paths_outside_the_table_are_refused() {
+        let table = Path::new("/data/t");
+        for (raw, why) in [
+            ("../x.parquet", "leaves the table folder (`..`)"),
+            ("a/../../x.parquet", "leaves the table folder (`..`)"),
+            ("%2e%2e/x.parquet", "leaves the table folder (`..`)"),
+            ("..%2fx.parquet", "leaves the table folder (`..`)"),
+            ("/etc/x", "is absolute"),
+            ("%2Fetc/x", "is absolute"),
+            ("file:///etc/x", "is an absolute URI"),
+            ("s3://bucket/x.parquet", "is an absolute URI"),
+            ("", "is empty"),
+            (".", "names no file"),
+            ("a%00b", "contains a NUL byte"),
+        ] {
+            assert_eq!(table_file(table, raw), Err(why), "{raw}");
+        }
+        for (raw, file) in [
+            ("part-0.parquet", "/data/t/part-0.parquet"),
+            ("./part-0.parquet", "/data/t/part-0.parquet"),
+            (
+                "kind=a%20b/part-0.parquet",
+                "/data/t/kind=a b/part-0.parquet",
+            ),
+            (
+                "ts=2024-01-01 00%3A00/p.parquet",
+                "/data/t/ts=2024-01-01 00:00/p.parquet",
+            ),
+        ] {
+            assert_eq!(table_file(table, raw), Ok(PathBuf::from(file)), "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_pending_list_naming_files_outside_the_table_is_corrupt_and_nothing_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = CommitPolicy::Batches(3);
+        let mut sink = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap();
+        let schema = batch(&[0]).schema();
+        assert_eq!(
+            sink.write(&info(0), &schema, &[batch(&[1])]).unwrap(),
+            Written::Pending
+        );
+        drop(sink);
+        let victim = dir.path().join("victim.parquet");
+        std::fs::write(&victim, "precious").unwrap();
+        let list = pending_file(&dir.path().join("pending"), 0);
+        let original = std::fs::read_to_string(&list).unwrap();
+        let adds: Vec<serde_json::Value> = serde_json::from_str(&original).unwrap();
+        let real = adds[0]["path"].as_str().unwrap().to_owned();
+        for hostile in [victim.display().to_string(), "../victim.parquet".to_owned()] {
+            std::fs::write(&list, original.replace(&real, &hostile)).unwrap();
+            let err = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap_err();
+            let DeltaSinkError::Checkpoint(CheckpointError::Corrupt { file, reason }) = &err else {
+                panic!("expected Corrupt, got {err:?}");
+            };
+            assert_eq!(file, &list);
+            assert!(
+                reason.contains(&format!("add path {hostile:?}")),
+                "{reason}"
+            );
+            assert!(!err.is_retryable());
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        }
+        // A list named with a batch id no query reaches.
+        std::fs::write(&list, &original).unwrap();
+        let huge = pending_file(&dir.path().join("pending"), u64::MAX);
+        std::fs::copy(&list, &huge).unwrap();
+        let err = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap_err();
+        assert!(
+            matches!(&err, DeltaSinkError::Checkpoint(CheckpointError::Corrupt { file, .. }) if file == &huge),
+            "{err:?}"
+        );
+        // Restored, the pending batch is committed as before.
+        std::fs::remove_file(&huge).unwrap();
+        let mut sink = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap();
+        assert_eq!(
+            sink.write(&info(1), &schema, &[batch(&[2])]).unwrap(),
+            Written::Pending
+        );
+        assert_eq!(
+            sink.write(&info(2), &schema, &[batch(&[3])]).unwrap(),
+            Written::Committed(1)
+        );
+        assert_eq!(ids(&dir.path().join("table")), vec![1, 2, 3]);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! `dir/batch-00000000000000000007.json` holds all rows of batch 7. Temp files are
 //! `dir/.batch-<id>.<ext>.<uuid>.tmp`; [`FilesWriter::clean_temp_files`] removes leftovers.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -198,20 +198,8 @@ impl FilesWriter {
         if self.format != FileFormat::Parquet {
             check_text_types(&path, schema, self.format)?;
         }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| io_error(&self.dir, "create the output directory", e))?;
-        let tmp = self.dir.join(format!(
-            ".batch-{batch_id:020}.{}.{}.tmp",
-            self.format.extension(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        let result = self.write_file(&tmp, &path, schema, batches);
-        if result.is_err() {
-            // Best effort: a leftover temp file is hidden and removed by `clean_temp_files`.
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result?;
-        sync_dir(&self.dir)?;
+        // Written under a hidden `.batch-….tmp` name, synced, renamed, the folder synced.
+        crate::durable::replace_with(&path, |file| self.write_file(file, &path, schema, batches))?;
         Ok(FilesWritten {
             rows,
             path: Some(path),
@@ -220,18 +208,13 @@ impl FilesWriter {
 
     fn write_file(
         &self,
-        tmp: &Path,
+        file: &mut File,
         path: &Path,
         schema: &SchemaRef,
         batches: &[RecordBatch],
     ) -> Result<(), SinkFileError> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(tmp)
-            .map_err(|e| io_error(tmp, "create the temporary file", e))?;
-        let file = match self.format {
-            FileFormat::Parquet => write_parquet(file, path, schema, batches)?,
+        match self.format {
+            FileFormat::Parquet => write_parquet(file, path, schema, batches),
             FileFormat::Json | FileFormat::Csv => {
                 let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
                 let written = if self.format == FileFormat::Json {
@@ -239,14 +222,11 @@ impl FilesWriter {
                 } else {
                     write_csv(&mut out, schema, batches)
                 };
-                written.map_err(|e| io_error(path, "write", e))?;
-                out.into_inner()
-                    .map_err(|e| io_error(path, "write", e.into_error()))?
+                written
+                    .and_then(|()| out.flush())
+                    .map_err(|e| io_error(path, "write", e))
             }
-        };
-        file.sync_all().map_err(|e| io_error(path, "fsync", e))?;
-        drop(file);
-        std::fs::rename(tmp, path).map_err(|e| io_error(path, "rename the temporary file onto", e))
+        }
     }
 
     /// Removes temp files left by crashed attempts and returns how many were removed.
@@ -290,9 +270,13 @@ fn io_error(path: &Path, op: &'static str, source: std::io::Error) -> SinkFileEr
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SinkFileError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(dir, "fsync directory", e))
+    Ok(crate::durable::sync_dir(dir)?)
+}
+
+impl From<crate::durable::FsError> for SinkFileError {
+    fn from(e: crate::durable::FsError) -> Self {
+        io_error(&e.path, e.action, e.source)
+    }
 }
 
 fn check_schemas(
@@ -370,11 +354,11 @@ pub(crate) fn text_supports(data_type: &DataType) -> bool {
 }
 
 fn write_parquet(
-    file: File,
+    file: &mut File,
     path: &Path,
     schema: &SchemaRef,
     batches: &[RecordBatch],
-) -> Result<File, SinkFileError> {
+) -> Result<(), SinkFileError> {
     let parquet_error = |source| SinkFileError::Parquet {
         file: path.to_path_buf(),
         source,
@@ -395,7 +379,9 @@ fn write_parquet(
             .map_err(|e| parquet_error(ParquetError::from(e)))?;
         writer.write(&batch).map_err(parquet_error)?;
     }
-    writer.into_inner().map_err(parquet_error)
+    // Flushes the footer into `file`, which the caller syncs.
+    writer.into_inner().map_err(parquet_error)?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -680,26 +666,13 @@ fn write_timestamp<W: Write>(out: &mut W, value: i64, unit: TimeUnit) -> std::io
 
 /// `YYYY-MM-DD` of `days` since 1970-01-01.
 fn write_date<W: Write>(out: &mut W, days: i64) -> std::io::Result<()> {
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = crate::calendar::civil_from_days(days);
     if (0..=9999).contains(&y) {
         write!(out, "{y:04}-{m:02}-{d:02}")
     } else {
         // ISO 8601 expanded years carry a sign.
         write!(out, "{y:+05}-{m:02}-{d:02}")
     }
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 fn write_csv<W: Write>(

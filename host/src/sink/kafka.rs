@@ -97,7 +97,13 @@ pub enum KafkaSinkError {
 impl KafkaSinkError {
     /// Broker trouble may pass; a wrong column does not.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, Self::Column { .. } | Self::Encode { .. })
+        match self {
+            Self::Client { .. }
+            | Self::Produce { .. }
+            | Self::Delivery { .. }
+            | Self::Markers { .. } => true,
+            Self::Column { .. } | Self::Encode { .. } => false,
+        }
     }
 }
 

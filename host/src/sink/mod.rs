@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::plugin::{BatchInfo, PluginError, PluginUsage, WasmSink};
+use crate::plugin::{BatchInfo, PluginError, WasmSink};
 
 /// A sink failed to take a batch.
 #[derive(Debug, thiserror::Error)]
@@ -93,16 +93,6 @@ pub trait Sink: Send {
         schema: &SchemaRef,
         batches: &[RecordBatch],
     ) -> Result<u64, SinkError>;
-
-    /// Resources a plugin sink used, for progress.
-    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
-        None
-    }
-
-    /// The Wasm plugin behind this sink, for replacing it by a new build.
-    fn wasm_plugin(&mut self) -> Option<&mut WasmSink> {
-        None
-    }
 
     /// The query is stopping after its last committed batch: make durable anything held back
     /// (the Delta sink's `commit_every`).
@@ -287,6 +277,16 @@ impl PluginSink {
     pub fn new(plugin: WasmSink) -> Self {
         Self { plugin }
     }
+
+    /// The plugin, for its build and usage in progress.
+    pub fn plugin(&self) -> &WasmSink {
+        &self.plugin
+    }
+
+    /// The plugin, for replacing it by a new build.
+    pub fn plugin_mut(&mut self) -> &mut WasmSink {
+        &mut self.plugin
+    }
 }
 
 impl Sink for PluginSink {
@@ -309,17 +309,5 @@ impl Sink for PluginSink {
         })?;
         self.plugin.write_batch(&batch, info)?;
         Ok(batch.num_rows() as u64)
-    }
-
-    fn wasm_plugin(&mut self) -> Option<&mut WasmSink> {
-        Some(&mut self.plugin)
-    }
-
-    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
-        Some((
-            self.plugin.name().to_owned(),
-            self.plugin.sha256().to_owned(),
-            self.plugin.usage().clone(),
-        ))
     }
 }

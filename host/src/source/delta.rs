@@ -10,6 +10,11 @@
 //! `parquet` crate and the partition columns, which Delta keeps in the log rather than in the
 //! files, are rebuilt from each file's `partitionValues`.
 //!
+//! Paths come from two logs, the table's and the checkpoint's source log; both are checked
+//! before a file is opened: an `add` path that is absolute or leaves the table folder is refused
+//! ([`DeltaSourceError::Corrupt`] naming the commit file, or [`CheckpointError::Corrupt`]
+//! naming the source log entry), so the source never reads outside the table.
+//!
 //! # Offsets
 //! Where the source stands is a position `(version, index)`: the next file to take is file
 //! `index` (counting the data-changing `add` actions of that commit, from 0) of table version
@@ -31,8 +36,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::checkpoint::MAX_BATCH_ID;
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::sink::delta::decode_path;
+use crate::sink::delta::table_file;
 
 /// Rows per batch read from a data file.
 const READ_BATCH_ROWS: usize = 65_536;
@@ -83,8 +89,35 @@ pub enum DeltaSourceError {
         "source {source_name}: batch {batch_id} has no entry in the source log; the checkpoint is damaged"
     )]
     MissingLog { source_name: String, batch_id: u64 },
+    /// The table's log says something no Delta writer writes, such as a data file outside the
+    /// table; nothing is read.
+    #[error("delta table {}: {} : {reason}; the table's log is damaged, refusing to read it", table.display(), file.display())]
+    Corrupt {
+        table: PathBuf,
+        /// The commit file.
+        file: PathBuf,
+        reason: String,
+    },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+}
+
+impl DeltaSourceError {
+    /// Whether reading again may succeed: only I/O (object store, disk) may pass.
+    /// Every variant is listed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Io { .. } => true,
+            Self::Log { .. }
+            | Self::NotATable { .. }
+            | Self::DataChanged { .. }
+            | Self::Parquet { .. }
+            | Self::Data { .. }
+            | Self::MissingLog { .. }
+            | Self::Corrupt { .. }
+            | Self::Checkpoint(_) => false,
+        }
+    }
 }
 
 /// One data file a batch reads.
@@ -121,6 +154,42 @@ pub struct DeltaLogEntry {
     pub files: Vec<DeltaFile>,
     /// Where the next batch starts; `None` while nothing was ever taken.
     pub next: Option<Position>,
+}
+
+impl DeltaLogEntry {
+    /// Refuses an entry naming a file outside the table or a version no Delta table has
+    /// (versions are `i64`); `entry` is the log file, named in the error.
+    fn check(&self, table: &Path, entry: &Path) -> Result<(), CheckpointError> {
+        for file in &self.files {
+            if let Err(why) = table_file(table, &file.path) {
+                return Err(CheckpointError::corrupt(
+                    entry,
+                    format!(
+                        "data file path {:?} {why}; a source log names files inside the table {} only",
+                        file.path,
+                        table.display()
+                    ),
+                ));
+            }
+        }
+        let versions = self
+            .files
+            .iter()
+            .map(|f| (f.version, f.index))
+            .chain(self.next.map(|p| (p.version, p.index)));
+        for (version, index) in versions {
+            if version > MAX_BATCH_ID || index > MAX_BATCH_ID {
+                return Err(CheckpointError::corrupt(
+                    entry,
+                    format!(
+                        "table version {version} (file index {index}) is above the largest a \
+                         Delta table has ({MAX_BATCH_ID})"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What one commit file says, as far as a stream cares.
@@ -172,6 +241,13 @@ fn read_commit(table: &Path, version: u64) -> Result<Option<Commit>, DeltaSource
             let path = add["path"]
                 .as_str()
                 .ok_or_else(|| bad(format!("line {}: add without a path", i + 1)))?;
+            if let Err(why) = table_file(table, path) {
+                return Err(DeltaSourceError::Corrupt {
+                    table: table.to_path_buf(),
+                    file,
+                    reason: format!("line {}: add path {path:?} {why}", i + 1),
+                });
+            }
             let partition_values = match add.get("partitionValues") {
                 Some(v) if !v.is_null() => serde_json::from_value(v.clone())
                     .map_err(|e| bad(format!("line {}: partitionValues: {e}", i + 1)))?,
@@ -291,7 +367,13 @@ fn read_file(
     file: &DeltaFile,
     out: &mut Vec<RecordBatch>,
 ) -> Result<u64, DeltaSourceError> {
-    let path = table.join(decode_path(&file.path));
+    // Checked where the path was read (the table's log, the source log); checked again here,
+    // right before the file is opened.
+    let path = table_file(table, &file.path).map_err(|why| DeltaSourceError::Corrupt {
+        table: table.to_path_buf(),
+        file: log_file(table, file.version),
+        reason: format!("add path {:?} {why}", file.path),
+    })?;
     let handle = std::fs::File::open(&path).map_err(|source| DeltaSourceError::Io {
         table: table.to_path_buf(),
         file: path.clone(),
@@ -403,8 +485,11 @@ impl DeltaSource {
                 continue;
             }
             let entry: Option<DeltaLogEntry> = log.get(id)?;
-            if let Some(next) = entry.and_then(|e| e.next) {
-                position = Some(next);
+            if let Some(entry) = entry {
+                entry.check(&table, &log.entry_path(id))?;
+                if let Some(next) = entry.next {
+                    position = Some(next);
+                }
             }
         }
         Ok(Self {
@@ -529,19 +614,22 @@ impl DeltaSource {
     /// The files batch `batch_id` took, from the source log.
     ///
     /// # Errors
-    /// When the entry is missing or unreadable.
+    /// When the entry is missing or unreadable, or names a file outside the table
+    /// ([`CheckpointError::Corrupt`]).
     pub fn planned(
         &self,
         checkpoint: &Checkpoint,
         batch_id: u64,
     ) -> Result<Vec<DeltaFile>, DeltaSourceError> {
-        let entry: Option<DeltaLogEntry> = checkpoint.source_log(self.index).get(batch_id)?;
-        entry
-            .map(|e| e.files)
-            .ok_or_else(|| DeltaSourceError::MissingLog {
-                source_name: self.name.clone(),
-                batch_id,
-            })
+        let log = checkpoint.source_log(self.index);
+        let entry: DeltaLogEntry =
+            log.get(batch_id)?
+                .ok_or_else(|| DeltaSourceError::MissingLog {
+                    source_name: self.name.clone(),
+                    batch_id,
+                })?;
+        entry.check(&self.table, &log.entry_path(batch_id))?;
+        Ok(entry.files)
     }
 
     /// Reads the rows of `files`.
@@ -773,6 +861,102 @@ mod tests {
             err.contains("version 5 removes data (STREAMING UPDATE"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn add_paths_outside_the_table_are_corrupt_and_not_read() {
+        for hostile in [
+            "../x.parquet",
+            "/etc/x",
+            "file:///etc/x",
+            "%2e%2e/x.parquet",
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            write(dir.path(), "up", WriteMode::Append, 0, &[1]);
+            let table = dir.path().join("table");
+            let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+            let open =
+                || DeltaSource::open("t".into(), 0, table.clone(), None, None, &checkpoint, None);
+            let source = open().unwrap();
+            let commit = log_file(&table, 2);
+            std::fs::write(
+                &commit,
+                format!(
+                    "{{\"add\":{{\"path\":{hostile:?},\"partitionValues\":{{}},\"size\":1,\
+                     \"modificationTime\":0,\"dataChange\":true}}}}\n"
+                ),
+            )
+            .unwrap();
+            for err in [source.list_new().unwrap_err(), open().unwrap_err()] {
+                let DeltaSourceError::Corrupt { file, reason, .. } = &err else {
+                    panic!("{hostile}: expected Corrupt, got {err:?}");
+                };
+                assert_eq!(file, &commit);
+                assert!(
+                    reason.starts_with(&format!("line 1: add path {hostile:?} ")),
+                    "{reason}"
+                );
+                assert!(err.to_string().contains("refusing to read it"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_source_log_naming_files_outside_the_table_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "up", WriteMode::Append, 0, &[1]);
+        let table = dir.path().join("table");
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        let open =
+            |last| DeltaSource::open("t".into(), 0, table.clone(), None, None, &checkpoint, last);
+        let mut source = open(None).unwrap();
+        let files = source.list_new().unwrap();
+        source.record(&checkpoint, 0, &files).unwrap();
+        assert_eq!(
+            rows(&source, &source.planned(&checkpoint, 0).unwrap()),
+            vec![1]
+        );
+        let log = checkpoint.source_log(0);
+        let entry_file = log.entry_path(0);
+        let original: DeltaLogEntry = log.get(0).unwrap().unwrap();
+        let outside = dir.path().join("outside.parquet");
+        std::fs::copy(table.join(&files[0].path), &outside).unwrap();
+        for (path, version, reason) in [
+            (
+                "../outside.parquet",
+                0,
+                "data file path \"../outside.parquet\" leaves the table",
+            ),
+            (outside.to_str().unwrap(), 0, "is absolute"),
+            (
+                "part.parquet",
+                u64::MAX,
+                "table version 18446744073709551615",
+            ),
+        ] {
+            let mut entry = original.clone();
+            entry.files[0].path = path.to_owned();
+            entry.files[0].version = version;
+            std::fs::remove_file(&entry_file).unwrap();
+            log.put(0, &entry).unwrap();
+            let err = source.planned(&checkpoint, 0).unwrap_err();
+            let DeltaSourceError::Checkpoint(CheckpointError::Corrupt { file, reason: why }) = &err
+            else {
+                panic!("{path}: expected Corrupt, got {err:?}");
+            };
+            assert_eq!(file, &entry_file);
+            assert!(why.contains(reason), "{why}");
+            let err = open(Some(0)).unwrap_err();
+            assert!(
+                matches!(&err, DeltaSourceError::Checkpoint(CheckpointError::Corrupt { file, .. }) if file == &entry_file),
+                "{err:?}"
+            );
+        }
+        // Reading a file that bypassed the checks (e.g. a future caller) is refused as well.
+        let mut hostile = original.files[0].clone();
+        hostile.path = "../outside.parquet".into();
+        let err = source.read(&[hostile]).unwrap_err();
+        assert!(matches!(err, DeltaSourceError::Corrupt { .. }), "{err:?}");
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! are written to the source's log in the checkpoint before the batch runs,
 //! so that a replay reads exactly the same files — and the same bytes: the
 //! size recorded then is what is read, even if a file grew since.
+//!
+//! The log is input like any other: an entry naming a file outside the
+//! folder (a path, `..`), a file twice, or more bytes than the file holds is
+//! refused as [`CheckpointError::Corrupt`] naming the entry, before anything
+//! is read.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
@@ -32,6 +37,53 @@ pub struct FileEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesLogEntry {
     pub files: Vec<FileEntry>,
+}
+
+impl FilesLogEntry {
+    /// Refuses an entry that names a file outside the source folder (a name
+    /// that is empty, absolute, or has a path separator or `..`) or one
+    /// file twice; `entry` is the log file, named in the error.
+    fn check(&self, entry: &Path) -> Result<(), CheckpointError> {
+        let mut names = HashSet::with_capacity(self.files.len());
+        for file in &self.files {
+            if let Err(why) = check_name(&file.name) {
+                return Err(CheckpointError::corrupt(
+                    entry,
+                    format!(
+                        "file name {:?} {why}; a source log names files inside the source folder only",
+                        file.name
+                    ),
+                ));
+            }
+            if !names.insert(file.name.as_str()) {
+                return Err(CheckpointError::corrupt(
+                    entry,
+                    format!("file {:?} is listed twice", file.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` is not the name of a file directly inside a folder, if it is not.
+fn check_name(name: &str) -> Result<(), &'static str> {
+    use std::path::Component;
+    if name.is_empty() {
+        return Err("is empty");
+    }
+    if name.contains('\0') {
+        return Err("contains a NUL byte");
+    }
+    if name.contains('/') || name.contains(std::path::MAIN_SEPARATOR) {
+        return Err("has a path separator");
+    }
+    let mut components = Path::new(name).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(n)), None) if n == std::ffi::OsStr::new(name) => Ok(()),
+        (Some(Component::ParentDir | Component::CurDir), None) => Err("is `..` or `.`"),
+        _ => Err("is not a plain file name"),
+    }
 }
 
 /// A files source failed.
@@ -74,6 +126,23 @@ pub enum SourceError {
     Delta(#[from] Box<super::delta::DeltaSourceError>),
 }
 
+impl SourceError {
+    /// Whether reading the batch again may succeed: I/O and broker trouble may pass;
+    /// changed input, damaged logs and bad records do not. Every variant is listed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Read { .. } => true,
+            Self::Kafka(e) => e.is_retryable(),
+            Self::Delta(e) => e.is_retryable(),
+            Self::List { .. }
+            | Self::Shrunk { .. }
+            | Self::MissingLog { .. }
+            | Self::Decode { .. }
+            | Self::Checkpoint(_) => false,
+        }
+    }
+}
+
 /// A folder of files read as a stream.
 #[derive(Debug)]
 pub struct FilesSource {
@@ -99,10 +168,12 @@ pub struct FilesSource {
 const KEEP_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 
 impl FilesSource {
-    /// Reads and decodes the files of one batch.
+    /// Reads and decodes the files of one batch, as the source log entry
+    /// `entry` lists them (already checked by [`FilesLogEntry::check`]).
     fn read_files(
         &mut self,
         files: &[FileEntry],
+        entry: &Path,
         batch_id: u64,
         buf: &mut Vec<u8>,
         decoded: &mut Decoded,
@@ -115,6 +186,15 @@ impl FilesSource {
                     file: path.clone(),
                     error,
                 },
+                ReadError::TooLarge(actual) => SourceError::Checkpoint(CheckpointError::corrupt(
+                    entry,
+                    format!(
+                        "batch {batch_id} records {} bytes of {}, which holds {actual} bytes \
+                         (the entry was altered, or the file truncated under the query)",
+                        file.size,
+                        path.display()
+                    ),
+                )),
                 ReadError::Short(actual) => SourceError::Shrunk {
                     source_name: self.name.clone(),
                     file: path.clone(),
@@ -164,6 +244,7 @@ impl FilesSource {
             }
             let entry: Option<FilesLogEntry> = log.get(id)?;
             if let Some(entry) = entry {
+                entry.check(&log.entry_path(id))?;
                 seen.extend(entry.files.into_iter().map(|f| f.name));
             }
         }
@@ -229,22 +310,25 @@ impl FilesSource {
         Ok(files)
     }
 
-    /// The files batch `batch_id` took, from the source log.
+    /// The files batch `batch_id` took, from the source log, and the log
+    /// entry's file.
     ///
     /// # Errors
-    /// When the entry is missing or unreadable.
+    /// When the entry is missing or unreadable, or names a file outside the
+    /// source folder ([`CheckpointError::Corrupt`]).
     pub fn planned(
         &self,
         checkpoint: &Checkpoint,
         batch_id: u64,
-    ) -> Result<Vec<FileEntry>, SourceError> {
-        let entry: Option<FilesLogEntry> = checkpoint.source_log(self.index).get(batch_id)?;
-        entry
-            .map(|e| e.files)
-            .ok_or_else(|| SourceError::MissingLog {
-                source_name: self.name.clone(),
-                batch_id,
-            })
+    ) -> Result<(Vec<FileEntry>, PathBuf), SourceError> {
+        let log = checkpoint.source_log(self.index);
+        let path = log.entry_path(batch_id);
+        let entry: FilesLogEntry = log.get(batch_id)?.ok_or_else(|| SourceError::MissingLog {
+            source_name: self.name.clone(),
+            batch_id,
+        })?;
+        entry.check(&path)?;
+        Ok((entry.files, path))
     }
 }
 
@@ -301,10 +385,10 @@ impl Source for FilesSource {
         batch_id: u64,
         _recorded: &Recorded,
     ) -> Result<SourceBatch, SourceError> {
-        let files = self.planned(checkpoint, batch_id)?;
+        let (files, entry) = self.planned(checkpoint, batch_id)?;
         let mut decoded = Decoded::default();
         let mut buf = std::mem::take(&mut self.buf);
-        let result = self.read_files(&files, batch_id, &mut buf, &mut decoded);
+        let result = self.read_files(&files, &entry, batch_id, &mut buf, &mut decoded);
         if buf.capacity() <= KEEP_BUFFER_BYTES {
             self.buf = buf;
         }
@@ -331,17 +415,169 @@ impl Source for FilesSource {
 
 enum ReadError {
     Io(std::io::Error),
+    /// The file holds fewer bytes (this many) than the size to read.
+    TooLarge(u64),
+    /// The file held enough bytes when opened but fewer (this many) were read.
     Short(u64),
 }
 
+/// Reads the first `size` bytes of `path` into `buf`. The size comes from
+/// the checkpoint, so it is checked against the file's length before any
+/// memory is reserved for it.
 fn read_prefix(path: &Path, size: u64, buf: &mut Vec<u8>) -> Result<(), ReadError> {
     buf.clear();
     let file = std::fs::File::open(path).map_err(ReadError::Io)?;
-    let reserve = usize::try_from(size).unwrap_or(usize::MAX);
-    buf.reserve(reserve);
+    let len = file.metadata().map_err(ReadError::Io)?.len();
+    if size > len {
+        return Err(ReadError::TooLarge(len));
+    }
+    buf.try_reserve(usize::try_from(size).unwrap_or(usize::MAX))
+        .map_err(|e| ReadError::Io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
     file.take(size).read_to_end(buf).map_err(ReadError::Io)?;
     if (buf.len() as u64) < size {
         return Err(ReadError::Short(buf.len() as u64));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::decode::DecoderOptions;
+
+    /// A source over `dir/in`, checkpoint in `dir/cp`, after one batch (0) took `a.json`.
+    fn setup(dir: &Path) -> Checkpoint {
+        std::fs::create_dir_all(dir.join("in")).unwrap();
+        std::fs::write(dir.join("in/a.json"), "{\"id\":1}\n{\"id\":2}\n").unwrap();
+        std::fs::write(dir.join("outside.json"), "{\"id\":666}\n").unwrap();
+        let checkpoint = Checkpoint::open(&dir.join("cp")).unwrap();
+        let mut source = open(dir, &checkpoint, None).unwrap();
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
+        source.record(&checkpoint, 0).unwrap();
+        checkpoint
+    }
+
+    fn open(
+        dir: &Path,
+        checkpoint: &Checkpoint,
+        last: Option<u64>,
+    ) -> Result<FilesSource, SourceError> {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        FilesSource::open(
+            "orders".into(),
+            0,
+            dir.join("in"),
+            None,
+            Decoder::new(schema, DecoderOptions::default()).unwrap(),
+            None,
+            checkpoint,
+            last,
+        )
+    }
+
+    /// Rewrites the name and size of the first file of batch 0's log entry.
+    fn tamper(checkpoint: &Checkpoint, name: &str, size: Option<u64>) -> PathBuf {
+        let log = checkpoint.source_log(0);
+        let mut entry: FilesLogEntry = log.get(0).unwrap().unwrap();
+        entry.files[0].name = name.to_owned();
+        if let Some(size) = size {
+            entry.files[0].size = size;
+        }
+        let path = log.entry_path(0);
+        std::fs::remove_file(&path).unwrap();
+        log.put(0, &entry).unwrap();
+        path
+    }
+
+    fn assert_corrupt(err: &SourceError, entry: &Path, reason: &str) {
+        let SourceError::Checkpoint(CheckpointError::Corrupt { file, reason: why }) = err else {
+            panic!("expected Corrupt, got {err:?}");
+        };
+        assert_eq!(file, entry);
+        assert!(why.contains(reason), "{why}");
+    }
+
+    #[test]
+    fn names_outside_the_folder_are_corrupt_at_open_and_at_read() {
+        let absolute = tempfile::tempdir().unwrap().path().join("outside.json");
+        let absolute = absolute.display().to_string();
+        for (name, reason) in [
+            (absolute.as_str(), "has a path separator"),
+            ("../outside.json", "has a path separator"),
+            ("..", "is `..` or `.`"),
+            (".", "is `..` or `.`"),
+            ("", "is empty"),
+            ("a\0b", "NUL"),
+            ("sub/a.json", "has a path separator"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let checkpoint = setup(dir.path());
+            // Opened before the damage: reading the entry refuses it.
+            let mut source = open(dir.path(), &checkpoint, Some(0)).unwrap();
+            let entry = tamper(&checkpoint, name, None);
+            let err = source.read(&checkpoint, 0, &Recorded::new()).unwrap_err();
+            assert_corrupt(&err, &entry, reason);
+            assert!(err.to_string().contains(&format!("{name:?}")), "{err}");
+            // Opened after it: refused before anything is read.
+            let err = open(dir.path(), &checkpoint, Some(0)).unwrap_err();
+            assert_corrupt(&err, &entry, reason);
+        }
+    }
+
+    #[test]
+    fn a_file_listed_twice_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = setup(dir.path());
+        let log = checkpoint.source_log(0);
+        let mut entry: FilesLogEntry = log.get(0).unwrap().unwrap();
+        entry.files.push(entry.files[0].clone());
+        std::fs::remove_file(log.entry_path(0)).unwrap();
+        log.put(0, &entry).unwrap();
+        let err = open(dir.path(), &checkpoint, Some(0)).unwrap_err();
+        assert_corrupt(&err, &log.entry_path(0), "\"a.json\" is listed twice");
+    }
+
+    #[test]
+    fn a_recorded_size_above_the_file_is_corrupt_and_reserves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = setup(dir.path());
+        let mut source = open(dir.path(), &checkpoint, Some(0)).unwrap();
+        let rows = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        assert_eq!(rows.decoded.num_input_rows, 2);
+        for size in [19, u64::MAX] {
+            let entry = tamper(&checkpoint, "a.json", Some(size));
+            let err = source.read(&checkpoint, 0, &Recorded::new()).unwrap_err();
+            assert_corrupt(
+                &err,
+                &entry,
+                &format!(
+                    "batch 0 records {size} bytes of {}",
+                    dir.path().join("in/a.json").display()
+                ),
+            );
+            assert!(err.to_string().contains("which holds 18 bytes"), "{err}");
+        }
+        // A smaller size reads that prefix only (the file grew since).
+        tamper(&checkpoint, "a.json", Some(9));
+        let rows = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        assert_eq!(rows.decoded.num_input_rows, 1);
+    }
+
+    #[test]
+    fn plain_names_pass() {
+        for name in [
+            "a.json",
+            "part-0001.csv",
+            ".hidden",
+            "..json",
+            "a b",
+            "ü.json",
+        ] {
+            assert_eq!(check_name(name), Ok(()), "{name}");
+        }
+    }
 }

@@ -19,6 +19,9 @@
 //! next attempt reads the new snapshot). Concurrent blind appends do not conflict
 //! (WriteSerializable, Delta's default).
 //!
+//! The snapshot's file paths come from the table's log; one that is absolute or leaves the table
+//! folder is refused ([`DeltaMergeError::Corrupt`]) before any file is read.
+//!
 //! Not handled: partitioned tables and deletion vectors are refused with an error naming the
 //! table; every file's key columns are read on every batch (no pruning by the files' min/max
 //! statistics yet); a file with updates is held in memory while it is rewritten.
@@ -95,6 +98,15 @@ pub enum DeltaMergeError {
     },
     #[error("delta merge into {}: the table is partitioned by [{columns}]; MERGE supports unpartitioned tables only", table.display())]
     Partitioned { table: PathBuf, columns: String },
+    /// The table's log names a data file outside the table: nothing is read or rewritten.
+    #[error("delta merge into {}, batch {batch_id}: the table's log names the data file {path:?}, which {reason}; the log is damaged, refusing to read it", table.display())]
+    Corrupt {
+        table: PathBuf,
+        batch_id: u64,
+        /// The path as the log gives it (%-decoded).
+        path: String,
+        reason: &'static str,
+    },
 }
 
 impl DeltaMergeError {
@@ -109,7 +121,8 @@ impl DeltaMergeError {
             Self::Runtime { .. }
             | Self::Plan { .. }
             | Self::File { .. }
-            | Self::Partitioned { .. } => false,
+            | Self::Partitioned { .. }
+            | Self::Corrupt { .. } => false,
         }
     }
 }
@@ -282,6 +295,15 @@ impl DeltaMerge {
                     batch_id,
                     file: PathBuf::from(&remove.path),
                     message: "has a deletion vector, which MERGE does not support yet".into(),
+                });
+            }
+            // deltalake gives the path %-decoded; it is read and rewritten below.
+            if let Err(reason) = super::delta::check_relative(&remove.path) {
+                return Err(DeltaMergeError::Corrupt {
+                    table: path.clone(),
+                    batch_id,
+                    path: remove.path,
+                    reason,
                 });
             }
             files.push(remove);
@@ -698,6 +720,46 @@ mod tests {
             rows(dir.path()),
             vec![(1, 1), (2, 1), (100, 7), (101, 1), (102, 1)]
         );
+    }
+
+    #[test]
+    fn data_files_outside_the_table_are_corrupt_and_not_read() {
+        for hostile in ["../victim.parquet", "%2e%2e/victim.parquet", "/VICTIM"] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut m = DeltaMerge::new(options(dir.path(), "q")).unwrap();
+            m.merge(0, &batch(&[(1, 1)])).unwrap();
+            // A real data file, copied outside the table: reading it would succeed.
+            let table = dir.path().join("t");
+            let data = std::fs::read_dir(&table)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+                .unwrap();
+            let victim = dir.path().join("victim.parquet");
+            std::fs::copy(&data, &victim).unwrap();
+            let size = std::fs::metadata(&victim).unwrap().len();
+            let path = hostile.replace("/VICTIM", victim.to_str().unwrap());
+            std::fs::write(
+                table.join("_delta_log/00000000000000000002.json"),
+                format!(
+                    "{{\"add\":{{\"path\":{path:?},\"partitionValues\":{{}},\"size\":{size},\
+                     \"modificationTime\":0,\"dataChange\":true}}}}\n"
+                ),
+            )
+            .unwrap();
+            let mut again = DeltaMerge::new(options(dir.path(), "q")).unwrap();
+            let err = again.merge(1, &batch(&[(1, 5)])).unwrap_err();
+            let DeltaMergeError::Corrupt { path: named, .. } = &err else {
+                panic!("{hostile}: expected Corrupt, got {err:?}");
+            };
+            assert!(named.ends_with("victim.parquet"), "{named}");
+            assert!(!err.is_retryable());
+            assert!(err.to_string().contains("refusing to read it"), "{err}");
+            assert_eq!(
+                std::fs::read(&victim).unwrap(),
+                std::fs::read(&data).unwrap()
+            );
+        }
     }
 
     #[test]

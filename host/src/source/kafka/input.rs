@@ -177,10 +177,10 @@ impl Source for KafkaInput {
             .latest
             .0
             .iter()
-            .map(|(tp, &latest)| latest - plan.end.get(tp).unwrap_or(latest))
+            .map(|(tp, &latest)| latest.saturating_sub(plan.end.get(tp).unwrap_or(latest)))
             .collect();
         if !behind.is_empty() {
-            let sum: i64 = behind.iter().sum();
+            let sum = behind.iter().fold(0i64, |a, &b| a.saturating_add(b));
             metrics.insert(
                 "avgOffsetsBehindLatest",
                 format!("{:.1}", sum as f64 / behind.len() as f64),

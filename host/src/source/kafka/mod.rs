@@ -151,14 +151,19 @@ pub enum KafkaSourceError {
 impl KafkaSourceError {
     /// Broker trouble may pass; lost data and bad records do not.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Metadata { .. }
-                | Self::Watermarks { .. }
-                | Self::Consume { .. }
-                | Self::Poll { .. }
-                | Self::Stalled { .. }
-        )
+            | Self::Watermarks { .. }
+            | Self::Consume { .. }
+            | Self::Poll { .. }
+            | Self::Stalled { .. } => true,
+            Self::Client { .. }
+            | Self::Start { .. }
+            | Self::DataLoss { .. }
+            | Self::Json { .. }
+            | Self::Arrow { .. }
+            | Self::Checkpoint(_) => false,
+        }
     }
 }
 

@@ -255,15 +255,16 @@ pub fn end_offsets(
     PartitionOffsets(end)
 }
 
-/// Records between `start` and `end`, over all partitions.
+/// Records between `start` and `end`, over all partitions. The offsets may come from a damaged
+/// checkpoint, so nothing overflows: the count saturates.
 pub fn count(start: &PartitionOffsets, end: &PartitionOffsets) -> u64 {
     end.0
         .iter()
         .map(|(tp, &to)| {
             let from = start.get(tp).unwrap_or(to);
-            u64::try_from(to - from).unwrap_or(0)
+            u64::try_from(to.saturating_sub(from)).unwrap_or(0)
         })
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 #[cfg(test)]
@@ -360,6 +361,14 @@ mod tests {
         }
         assert_eq!(at, until);
         assert!(batches >= 3);
+    }
+
+    #[test]
+    fn extreme_recorded_offsets_do_not_overflow_the_count() {
+        let start = offsets(&[("t", 0, i64::MIN), ("t", 1, -5), ("t", 2, i64::MIN)]);
+        let end = offsets(&[("t", 0, i64::MAX), ("t", 1, i64::MAX), ("t", 2, i64::MAX)]);
+        assert_eq!(count(&start, &end), u64::MAX);
+        assert_eq!(count(&end, &start), 0);
     }
 
     #[test]
