@@ -281,15 +281,7 @@ pub(crate) fn unflip_i64(bytes: [u8; 8]) -> i64 {
 }
 
 /// FNV-1a 64: stable across runs and platforms (it picks the partition).
-#[inline]
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+pub(crate) use crate::fnv::hash as fnv1a;
 
 /// A stored key that does not decode as the column types it was written
 /// with (a corrupt or foreign state entry).

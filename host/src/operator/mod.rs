@@ -4,21 +4,22 @@
 //! stateful operators (windowed aggregation, deduplication) behind
 //! [`stateful::StatefulOperator`], which own their state stores while the
 //! query loop owns time. Wasm transforms with keyed state
-//! ([`wasm_state`]) stay transforms; the query loads and commits their state
-//! with the operators'.
+//! ([`wasm_state`]) stay transforms; the query holds them as themselves and
+//! loads and commits their state with the operators'. All three keep their
+//! state in `partitioned::PartitionedState`: N stores, key routing,
+//! load and commit, key counts and progress figures.
 
 pub mod aggregate;
 pub mod dedup;
-mod int_set;
 mod key_encoding;
+mod partitioned;
 pub mod stateful;
 pub mod wasm_state;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::operator::wasm_state::KeyedState;
-use crate::plugin::{BatchInfo, PluginError, PluginUsage, WasmTransform};
+use crate::plugin::{BatchInfo, PluginError, WasmTransform};
 
 /// A transform failed a batch.
 #[derive(Debug, thiserror::Error)]
@@ -60,30 +61,6 @@ pub trait BatchTransform: Send {
         batch: &RecordBatch,
         info: &BatchInfo,
     ) -> Result<RecordBatch, TransformError>;
-
-    /// For Wasm transforms: (name, sha256, usage), for progress.
-    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
-        None
-    }
-
-    /// For Wasm transforms: the plugin, for replacing it by a new build.
-    fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
-        None
-    }
-
-    /// Whether the transform keeps keyed state (a Wasm component importing
-    /// `keyed-state`), which the query then stores and versions.
-    fn is_stateful(&self) -> bool {
-        false
-    }
-
-    /// Gives a stateful transform its keyed state.
-    fn attach_keyed_state(&mut self, _state: KeyedState) {}
-
-    /// The keyed state given by [`Self::attach_keyed_state`].
-    fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
-        None
-    }
 }
 
 impl BatchTransform for WasmTransform {
@@ -101,29 +78,5 @@ impl BatchTransform for WasmTransform {
         info: &BatchInfo,
     ) -> Result<RecordBatch, TransformError> {
         Ok(WasmTransform::process(self, batch, info)?)
-    }
-
-    fn plugin_usage(&self) -> Option<(String, String, PluginUsage)> {
-        Some((
-            self.name().to_owned(),
-            self.sha256().to_owned(),
-            self.usage().clone(),
-        ))
-    }
-
-    fn wasm_plugin(&mut self) -> Option<&mut WasmTransform> {
-        Some(self)
-    }
-
-    fn is_stateful(&self) -> bool {
-        WasmTransform::is_stateful(self)
-    }
-
-    fn attach_keyed_state(&mut self, state: KeyedState) {
-        self.attach_state(state);
-    }
-
-    fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
-        WasmTransform::keyed_state_mut(self)
     }
 }

@@ -27,11 +27,11 @@
 //!   `numRowsTotal` counts keys and not store entries without a scan.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use crate::operator::key_encoding::{flip_i64, fnv1a};
+use crate::operator::key_encoding::flip_i64;
+use crate::operator::partitioned::{CountEntry, KeyCount, PartitionedConfig, PartitionedState};
 use crate::operator::stateful::OperatorMetrics;
-use crate::state::{StateError, StateOptions, StateStore};
+use crate::state::{StateError, StateOptions};
 
 /// The operator name of plugin state in progress (`stateOperators[].operatorName`).
 pub const OPERATOR_NAME: &str = "transformWithState";
@@ -58,15 +58,10 @@ pub struct KeyedStateConfig {
 #[derive(Debug)]
 pub struct KeyedState {
     plugin: String,
-    stores: Vec<StateStore>,
-    /// Plugin keys per store (committed plus this batch's changes).
-    keys: Vec<u64>,
-    /// Whether `keys[p]` changed since the last load or commit.
-    keys_dirty: Vec<bool>,
+    /// The stores, counting plugin keys under [`META_KEYS`].
+    state: PartitionedState,
     /// wm(b) of the batch in µs.
     watermark_micros: i64,
-    rows_updated: u64,
-    rows_removed: u64,
     /// Reused key buffers.
     primary: Vec<u8>,
     index: Vec<u8>,
@@ -90,18 +85,16 @@ impl KeyedState {
     /// # Errors
     /// When a store cannot be opened.
     pub fn open(config: &KeyedStateConfig) -> Result<Self, StateError> {
-        let n = config.num_partitions.max(1) as usize;
-        let stores = (0..n)
-            .map(|p| StateStore::open(&config.state_dir.join(p.to_string()), &config.state))
-            .collect::<Result<Vec<_>, _>>()?;
+        let state = PartitionedState::open(&PartitionedConfig {
+            dir: &config.state_dir,
+            partitions: config.num_partitions.max(1),
+            options: &config.state,
+            count: KeyCount::Stored(CountEntry::BigEndian(META_KEYS)),
+        })?;
         Ok(Self {
             plugin: config.plugin.clone(),
-            stores,
-            keys: vec![0; n],
-            keys_dirty: vec![false; n],
+            state,
             watermark_micros: 0,
-            rows_updated: 0,
-            rows_removed: 0,
             primary: Vec::new(),
             index: Vec::new(),
         })
@@ -119,15 +112,15 @@ impl KeyedState {
     /// # Errors
     /// When the state cannot be read.
     pub fn load(&mut self, version: Option<u64>, watermark_ms: i64) -> Result<(), StateError> {
-        for (p, store) in self.stores.iter_mut().enumerate() {
-            store.load(version)?;
-            self.keys[p] = store.get_count(META_KEYS)?;
-            self.keys_dirty[p] = false;
-        }
+        self.state.load(version)?;
         self.watermark_micros = watermark_ms.saturating_mul(1000);
-        self.rows_updated = 0;
-        self.rows_removed = 0;
         Ok(())
+    }
+
+    /// What this batch's puts and deletes take in memory until the commit
+    /// (a plugin's write buffer, held to its memory limit).
+    pub fn pending_memory_bytes(&self) -> u64 {
+        self.state.pending_memory_bytes()
     }
 
     /// The batch's watermark in µs.
@@ -136,7 +129,7 @@ impl KeyedState {
     }
 
     fn partition(&self, key: &[u8]) -> usize {
-        (fnv1a(key) % self.stores.len() as u64) as usize
+        self.state.partition_of(key)
     }
 
     fn set_primary(&mut self, key: &[u8]) {
@@ -154,7 +147,7 @@ impl KeyedState {
 
     fn corrupt(&self, p: usize, key: &[u8]) -> StateError {
         StateError::corrupt(
-            self.stores[p].dir(),
+            self.state.store(p).dir(),
             format!(
                 "plugin {}: the value of key {} has no valid header",
                 self.plugin,
@@ -170,7 +163,7 @@ impl KeyedState {
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
         let p = self.partition(key);
         self.set_primary(key);
-        let Some(raw) = self.stores[p].get(&self.primary)? else {
+        let Some(raw) = self.state.store(p).get(&self.primary)? else {
             return Ok(None);
         };
         let (expires_at, value) = decode(&raw).ok_or_else(|| self.corrupt(p, key))?;
@@ -192,7 +185,7 @@ impl KeyedState {
     ) -> Result<(), StateError> {
         let p = self.partition(key);
         self.set_primary(key);
-        let old = self.stores[p].get(&self.primary)?;
+        let old = self.state.store(p).get(&self.primary)?;
         match &old {
             Some(raw) => {
                 let (old_expiry, _) = decode(raw).ok_or_else(|| self.corrupt(p, key))?;
@@ -200,13 +193,10 @@ impl KeyedState {
                     && Some(at) != expires_at
                 {
                     self.set_index(at, key);
-                    self.stores[p].delete(&self.index)?;
+                    self.state.store_mut(p).delete(&self.index)?;
                 }
             }
-            None => {
-                self.keys[p] += 1;
-                self.keys_dirty[p] = true;
-            }
+            None => self.state.add_keys(p, 1),
         }
         let mut stored = Vec::with_capacity(value.len() + 9);
         match expires_at {
@@ -218,12 +208,12 @@ impl KeyedState {
         }
         stored.extend_from_slice(value);
         self.set_primary(key);
-        self.stores[p].put(&self.primary, &stored)?;
+        self.state.store_mut(p).put(&self.primary, &stored)?;
         if let Some(at) = expires_at {
             self.set_index(at, key);
-            self.stores[p].put(&self.index, &[])?;
+            self.state.store_mut(p).put(&self.index, &[])?;
         }
-        self.rows_updated += 1;
+        self.state.updated(1);
         Ok(())
     }
 
@@ -234,18 +224,17 @@ impl KeyedState {
     pub fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
         let p = self.partition(key);
         self.set_primary(key);
-        let Some(raw) = self.stores[p].get(&self.primary)? else {
+        let Some(raw) = self.state.store(p).get(&self.primary)? else {
             return Ok(());
         };
         let (expires_at, _) = decode(&raw).ok_or_else(|| self.corrupt(p, key))?;
-        self.stores[p].delete(&self.primary)?;
+        self.state.store_mut(p).delete(&self.primary)?;
         if let Some(at) = expires_at {
             self.set_index(at, key);
-            self.stores[p].delete(&self.index)?;
+            self.state.store_mut(p).delete(&self.index)?;
         }
-        self.keys[p] = self.keys[p].saturating_sub(1);
-        self.keys_dirty[p] = true;
-        self.rows_removed += 1;
+        self.state.remove_keys(p, 1);
+        self.state.removed(1);
         Ok(())
     }
 
@@ -258,22 +247,23 @@ impl KeyedState {
             None => end = vec![PREFIX_EXPIRY + 1],
         }
         let mut expired: Vec<Vec<u8>> = Vec::new();
-        for p in 0..self.stores.len() {
+        for p in 0..self.state.partitions() {
             expired.clear();
-            self.stores[p].scan(&start, Some(&end), &mut |key, _| {
-                expired.push(key.to_vec());
-                Ok(true)
-            })?;
+            self.state
+                .store_mut(p)
+                .scan(&start, Some(&end), &mut |key, _| {
+                    expired.push(key.to_vec());
+                    Ok(true)
+                })?;
             for index_key in &expired {
-                self.stores[p].delete(index_key)?;
+                self.state.store_mut(p).delete(index_key)?;
                 self.primary.clear();
                 self.primary.push(PREFIX_PRIMARY);
                 self.primary
                     .extend_from_slice(index_key.get(9..).unwrap_or_default());
-                self.stores[p].delete(&self.primary)?;
-                self.keys[p] = self.keys[p].saturating_sub(1);
-                self.keys_dirty[p] = true;
-                self.rows_removed += 1;
+                self.state.store_mut(p).delete(&self.primary)?;
+                self.state.remove_keys(p, 1);
+                self.state.removed(1);
             }
         }
         Ok(())
@@ -286,33 +276,7 @@ impl KeyedState {
     /// When the state cannot be made durable.
     pub fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         self.evict()?;
-        let started = Instant::now();
-        for (p, store) in self.stores.iter_mut().enumerate() {
-            if self.keys_dirty[p] {
-                store.put(META_KEYS, &self.keys[p].to_be_bytes())?;
-                self.keys_dirty[p] = false;
-            }
-            store.commit(batch_id)?;
-        }
-        let commit_time_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let memory_used_bytes = self
-            .stores
-            .iter()
-            .map(|s| s.metrics().memory_used_bytes)
-            .sum();
-        let metrics = OperatorMetrics {
-            operator_name: OPERATOR_NAME.to_owned(),
-            num_rows_total: self.keys.iter().sum(),
-            num_rows_updated: self.rows_updated,
-            num_rows_removed: self.rows_removed,
-            memory_used_bytes,
-            num_rows_dropped_by_watermark: 0,
-            commit_time_ms,
-            num_state_store_instances: self.stores.len() as u64,
-        };
-        self.rows_updated = 0;
-        self.rows_removed = 0;
-        Ok(metrics)
+        self.state.commit(batch_id, OPERATOR_NAME, 0)
     }
 }
 

@@ -181,28 +181,33 @@ pub fn of(
     })
 }
 
-/// Whether the recorded fingerprint `old` is of a deduplication whose state
-/// holds one entry per key: every checkpoint written before integer sets
-/// (their value schema has no `bucket_members` column, or the fingerprint
-/// predates value schemas).
-pub fn records_dedup_entries_per_key(old: &Value) -> bool {
+/// The state value columns (names) that the recorded fingerprint `old` gives
+/// its deduplication, for deduplication to keep the layout its state was
+/// written with; `None` when `old` records no deduplication, and no columns
+/// when it predates recorded value schemas.
+pub fn recorded_dedup_value(old: &Value) -> Option<Vec<String>> {
     let dedup = old
         .get("stateful")
         .and_then(|s| s.get("kind"))
         .and_then(Value::as_str)
         == Some("deduplicate");
-    let sets = old
+    if !dedup {
+        return None;
+    }
+    let columns = old
         .get("state_value")
         .and_then(|v| v.get("columns"))
         .and_then(Value::as_array)
-        .is_some_and(|columns| {
-            columns.iter().any(|c| {
-                c.as_str().is_some_and(|c| {
-                    c.split(' ').next() == Some(crate::operator::dedup::BUCKET_MEMBERS)
-                })
-            })
-        });
-    dedup && !sets
+        .map(|columns| {
+            columns
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(|c| c.split(' ').next())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(columns)
 }
 
 /// Outcome of comparing the recorded fingerprint with the current one.
@@ -366,22 +371,27 @@ mod tests {
     }
 
     #[test]
-    fn dedup_checkpoints_before_integer_sets_are_recognised() {
+    fn the_recorded_value_columns_of_a_deduplication_are_read() {
         let dedup =
             |value: Value| json!({ "stateful": { "kind": "deduplicate" }, "state_value": value });
         // The value schema `[]` (one entry per key), or none recorded at all.
-        assert!(records_dedup_entries_per_key(&dedup(
-            json!({ "operator": "dedupe", "columns": [] })
-        )));
-        assert!(records_dedup_entries_per_key(
-            &json!({ "stateful": { "kind": "deduplicate" } })
-        ));
-        assert!(!records_dedup_entries_per_key(&dedup(
-            json!({ "operator": "dedupe", "columns": ["bucket_members Binary"] })
-        )));
+        assert_eq!(
+            recorded_dedup_value(&dedup(json!({ "operator": "dedupe", "columns": [] }))),
+            Some(vec![])
+        );
+        assert_eq!(
+            recorded_dedup_value(&json!({ "stateful": { "kind": "deduplicate" } })),
+            Some(vec![])
+        );
+        assert_eq!(
+            recorded_dedup_value(&dedup(
+                json!({ "operator": "dedupe", "columns": ["bucket_members Binary"] })
+            )),
+            Some(vec!["bucket_members".to_owned()])
+        );
         let aggregate =
             json!({ "stateful": { "kind": "aggregate" }, "state_value": { "columns": [] } });
-        assert!(!records_dedup_entries_per_key(&aggregate));
-        assert!(!records_dedup_entries_per_key(&json!({ "stateful": null })));
+        assert_eq!(recorded_dedup_value(&aggregate), None);
+        assert_eq!(recorded_dedup_value(&json!({ "stateful": null })), None);
     }
 }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 mod fingerprint;
 mod reload;
+mod stage;
 
 pub use reload::ReloadOutcome;
 
@@ -41,11 +42,12 @@ use crate::plugin::{
     PluginUsage, PoolOptions, Sandbox, WasmSink, WasmTransform, env_from_host,
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
-use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, Sink, SinkError};
+use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
 use crate::spec::{self, OutputMode, Pipeline, SinkSpec, Trigger, WatermarkPolicy};
 use crate::state::{StateError, StateOptions, StoreKind};
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
+use stage::{QuerySink, Transform};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -77,7 +79,8 @@ pub type MakeTransform = Box<dyn FnOnce(&SchemaRef) -> Box<dyn BatchTransform>>;
 pub struct QueryOptions {
     /// Where compiled plugins are cached.
     pub cache_dir: Option<PathBuf>,
-    /// Crash injection for recovery tests.
+    /// Crash injection for recovery tests (the `failpoints` feature only).
+    #[cfg(feature = "failpoints")]
     pub failpoint: Option<Failpoint>,
     /// Set to stop after the current batch (SIGINT/SIGTERM).
     pub stop: Arc<AtomicBool>,
@@ -100,8 +103,22 @@ impl std::fmt::Debug for QueryOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueryOptions")
             .field("cache_dir", &self.cache_dir)
-            .field("failpoint", &self.failpoint)
+            .field("failpoint", &self.failpoint())
             .finish_non_exhaustive()
+    }
+}
+
+impl QueryOptions {
+    /// Where this run kills itself, if anywhere (never without the `failpoints` feature).
+    pub(crate) fn failpoint(&self) -> Option<Failpoint> {
+        #[cfg(feature = "failpoints")]
+        {
+            self.failpoint
+        }
+        #[cfg(not(feature = "failpoints"))]
+        {
+            None
+        }
     }
 }
 
@@ -109,6 +126,7 @@ impl Default for QueryOptions {
     fn default() -> Self {
         Self {
             cache_dir: None,
+            #[cfg(feature = "failpoints")]
             failpoint: None,
             stop: Arc::new(AtomicBool::new(false)),
             clock: Arc::new(SystemClock),
@@ -224,7 +242,7 @@ pub struct Query {
     run_id: String,
     /// The query's inputs, unioned; index i owns `sources/<i>/`.
     sources: Vec<Box<dyn Source>>,
-    transforms: Vec<Box<dyn BatchTransform>>,
+    transforms: Vec<Transform>,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -235,7 +253,7 @@ pub struct Query {
     next_watermark_ms: i64,
     /// Each input's watermark for the next batch to plan.
     source_watermarks_ms: Vec<i64>,
-    sink: Box<dyn Sink>,
+    sink: QuerySink,
     output_schema: SchemaRef,
     /// A planned batch without a commit, to run again first.
     pending: Option<u64>,
@@ -331,7 +349,7 @@ impl Query {
             )),
         })?;
         let mut schema = Arc::clone(sources[0].schema());
-        let mut transforms: Vec<Box<dyn BatchTransform>> = Vec::new();
+        let mut transforms: Vec<Transform> = Vec::new();
         let mut watched = Vec::new();
         for (i, t) in pipeline.transforms.iter().enumerate() {
             let loaded = engine.load(&t.name, &t.plugin)?;
@@ -348,12 +366,12 @@ impl Query {
                     name: t.name.clone(),
                     config_json: t.config.to_string(),
                     sandbox: sandbox(&t.name, &t.limits, &t.capabilities)?,
-                    failpoint: options.failpoint,
+                    failpoint: options.failpoint(),
                 },
                 Arc::clone(&schema),
             )?;
             schema = Arc::clone(transform.output_schema());
-            transforms.push(Box::new(transform));
+            transforms.push(Transform::Wasm(Box::new(transform)));
         }
         // Stateful transforms in pipeline order: their rank names their state folder.
         let stateful_plugins: Vec<(usize, String)> = transforms
@@ -365,7 +383,7 @@ impl Query {
         for make in std::mem::take(&mut options.extra_transforms) {
             let transform = make(&schema);
             schema = Arc::clone(transform.output_schema());
-            transforms.push(transform);
+            transforms.push(Transform::Native(transform));
         }
 
         let watermark = match &pipeline.watermark {
@@ -378,7 +396,7 @@ impl Query {
         };
         // Planned, not opened: no state store is touched before the
         // fingerprint check, so a refused restart leaves the checkpoint as it was.
-        let mut planned = plan_stateful(&pipeline, checkpoint.dir(), &schema)?;
+        let mut planned = plan_stateful(&pipeline, checkpoint.state_dir("0"), &schema)?;
         if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
             p.keep_recorded_layout(recorded, &schema)?;
         }
@@ -386,7 +404,7 @@ impl Query {
         // The checkpoint must have been written by this query (§3.3).
         let plugins: Vec<(String, String)> = transforms
             .iter()
-            .filter_map(|t| t.plugin_usage())
+            .filter_map(Transform::plugin_usage)
             .map(|(name, sha, _)| (name, sha))
             .collect();
         let fingerprint = fingerprint::of(
@@ -420,13 +438,12 @@ impl Query {
             let state = KeyedState::open(&KeyedStateConfig {
                 plugin: name.clone(),
                 num_partitions: pipeline.query.state_partitions,
-                state_dir: checkpoint
-                    .dir()
-                    .join("state")
-                    .join(format!("transform-{rank}")),
+                state_dir: checkpoint.state_dir(&format!("transform-{rank}")),
                 state: state_options(&pipeline.query),
             })?;
-            transforms[*i].attach_keyed_state(state);
+            if let Transform::Wasm(t) = &mut transforms[*i] {
+                t.attach_state(state);
+            }
         }
         let stateful = planned.map(|p| p.open(&schema)).transpose()?;
         if let Some(op) = &stateful {
@@ -463,23 +480,7 @@ impl Query {
             }
         }
 
-        let sink: Box<dyn Sink> = match &pipeline.sink {
-            SinkSpec::Files { path, format } => Box::new(FilesSink::new(
-                path.clone(),
-                match format {
-                    spec::OutputFormat::Json => sink::files::FileFormat::Json,
-                    spec::OutputFormat::Csv => sink::files::FileFormat::Csv,
-                    spec::OutputFormat::Parquet => sink::files::FileFormat::Parquet,
-                },
-            )?),
-            SinkSpec::Console { max_rows } => Box::new(ConsoleSink::new(
-                options
-                    .console
-                    .take()
-                    .unwrap_or_else(|| Box::new(std::io::stdout())),
-                *max_rows,
-            )),
-            SinkSpec::Memory => Box::new(options.memory_sink.clone().unwrap_or_default()),
+        let sink = match &pipeline.sink {
             SinkSpec::Plugin(p) => {
                 let loaded = engine.load(&p.name, &p.plugin)?;
                 loaded.check_pin(p.sha256.as_deref())?;
@@ -495,36 +496,54 @@ impl Query {
                         name: p.name.clone(),
                         config_json: p.config.to_string(),
                         sandbox: sandbox(&p.name, &p.limits, &p.capabilities)?,
-                        failpoint: options.failpoint,
+                        failpoint: options.failpoint(),
                     },
                     &schema,
                 )?;
-                Box::new(PluginSink::new(plugin))
+                QuerySink::Wasm(Box::new(PluginSink::new(plugin)))
             }
-            SinkSpec::Delta(d) => Box::new(delta_sink(
+            SinkSpec::Files { path, format } => QuerySink::Native(Box::new(FilesSink::new(
+                path.clone(),
+                match format {
+                    spec::OutputFormat::Json => sink::files::FileFormat::Json,
+                    spec::OutputFormat::Csv => sink::files::FileFormat::Csv,
+                    spec::OutputFormat::Parquet => sink::files::FileFormat::Parquet,
+                },
+            )?)),
+            SinkSpec::Console { max_rows } => QuerySink::Native(Box::new(ConsoleSink::new(
+                options
+                    .console
+                    .take()
+                    .unwrap_or_else(|| Box::new(std::io::stdout())),
+                *max_rows,
+            ))),
+            SinkSpec::Memory => {
+                QuerySink::Native(Box::new(options.memory_sink.clone().unwrap_or_default()))
+            }
+            SinkSpec::Delta(d) => QuerySink::Native(Box::new(delta_sink(
                 d,
                 &pipeline.query,
-                checkpoint.dir(),
+                checkpoint.sink_dir("delta").join("pending"),
                 checkpoint.query_id(),
-                options.failpoint,
-            )?),
-            SinkSpec::DeltaMerge(m) => Box::new(
+                options.failpoint(),
+            )?)),
+            SinkSpec::DeltaMerge(m) => QuerySink::Native(Box::new(
                 sink::delta_merge::DeltaMerge::new(sink::delta_merge::DeltaMergeOptions {
                     table: m.clone(),
                     app_id: checkpoint.query_id().to_owned(),
-                    failpoint: options.failpoint,
+                    failpoint: options.failpoint(),
                 })
                 .map_err(SinkError::from)?,
-            ),
-            SinkSpec::Kafka(k) => Box::new(
+            )),
+            SinkSpec::Kafka(k) => QuerySink::Native(Box::new(
                 sink::kafka::KafkaSink::new(
                     k.clone(),
                     &schema,
                     checkpoint.query_id(),
-                    options.failpoint,
+                    options.failpoint(),
                 )
                 .map_err(SinkError::from)?,
-            ),
+            )),
         };
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
@@ -598,14 +617,14 @@ impl Query {
         for watched in &mut self.watched {
             let outcome = match watched.stage {
                 reload::Stage::Transform(i) => {
-                    let Some(plugin) = self.transforms.get_mut(i).and_then(|t| t.wasm_plugin())
+                    let Some(plugin) = self.transforms.get_mut(i).and_then(Transform::wasm_mut)
                     else {
                         continue;
                     };
                     reload::check(&self.engine, watched, force, |new| plugin.replace(new))
                 }
                 reload::Stage::Sink => {
-                    let Some(plugin) = self.sink.wasm_plugin() else {
+                    let Some(plugin) = self.sink.wasm_mut() else {
                         continue;
                     };
                     reload::check(&self.engine, watched, force, |new| plugin.replace(new))
@@ -815,7 +834,7 @@ impl Query {
             },
         )?;
         let wal_ms = millis(started.elapsed());
-        Failpoint::check(self.options.failpoint.as_ref(), Phase::AfterOffsets, n);
+        Failpoint::check(self.options.failpoint().as_ref(), Phase::AfterOffsets, n);
         self.next_batch = n + 1;
         self.run_planned(n, false, wal_ms, started)
     }
@@ -850,7 +869,7 @@ impl Query {
         let outcome = loop {
             match self.execute(&info, &entry) {
                 Ok(outcome) => break outcome,
-                Err(e) if info.attempt < retries + u32::from(replay) && is_retryable(&e) => {
+                Err(e) if info.attempt < retries + u32::from(replay) && e.is_retryable() => {
                     let backoff = Duration::from_millis(100 << info.attempt.min(6));
                     tracing::warn!(batch_id = n, attempt = info.attempt, error = %e, "batch failed; retrying in {backoff:?}");
                     self.sleep(backoff);
@@ -859,7 +878,7 @@ impl Query {
                 Err(e) => return Err(e),
             }
         };
-        Failpoint::check(self.options.failpoint.as_ref(), Phase::BeforeCommit, n);
+        Failpoint::check(self.options.failpoint().as_ref(), Phase::BeforeCommit, n);
         let commit_started = Instant::now();
         // State first (version n), then the batch (§3 step 4).
         let mut state_metrics = Vec::new();
@@ -1037,7 +1056,7 @@ impl Query {
     fn plugin_usages(&self) -> Vec<(String, String, PluginUsage)> {
         self.transforms
             .iter()
-            .filter_map(|t| t.plugin_usage())
+            .filter_map(Transform::plugin_usage)
             .chain(self.sink.plugin_usage())
             .collect()
     }
@@ -1214,17 +1233,27 @@ fn schema_text(schema: &SchemaRef) -> String {
         .join(", ")
 }
 
-fn is_retryable(e: &QueryError) -> bool {
-    match e {
-        QueryError::Transform(t) => t.is_retryable(),
-        QueryError::Plugin(p) => p.is_retryable(),
-        QueryError::Sink(s) => s.is_retryable(),
-        QueryError::Source(SourceError::Read { .. }) => true,
-        QueryError::Source(SourceError::Kafka(k)) => k.is_retryable(),
-        QueryError::Source(SourceError::Delta(d)) => {
-            matches!(**d, crate::source::DeltaSourceError::Io { .. })
+impl QueryError {
+    /// Whether running the batch again may succeed (a broker, a disk or a plugin's own
+    /// retryable error), as opposed to an error that a retry would only repeat. Every
+    /// variant is listed, so a new one must be classified.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Transform(e) => e.is_retryable(),
+            Self::Plugin(e) => e.is_retryable(),
+            Self::Sink(e) => e.is_retryable(),
+            Self::Source(e) => e.is_retryable(),
+            // The query's own logs: a failed write there stops the run, and a restart
+            // recovers from what is durable.
+            Self::Checkpoint(_) => false,
+            Self::Decoder { .. }
+            | Self::Protocol { .. }
+            | Self::Operator(_)
+            | Self::Watermark(_)
+            | Self::State(_)
+            | Self::Invalid { .. }
+            | Self::Changed { .. } => false,
         }
-        _ => false,
     }
 }
 
@@ -1245,9 +1274,8 @@ enum StatefulConfig {
 }
 
 impl PlannedStateful {
-    /// Keeps the state layout a checkpoint recorded: deduplication on one
-    /// integer key stays one entry per key in a checkpoint written before
-    /// integer sets (whose fingerprint then matches as before).
+    /// Keeps the state layout that the checkpoint's fingerprint `recorded`
+    /// says the operator's state was written with (deduplication decides).
     fn keep_recorded_layout(
         &mut self,
         recorded: &serde_json::Value,
@@ -1256,19 +1284,13 @@ impl PlannedStateful {
         let StatefulConfig::Dedup(config) = &mut self.config else {
             return Ok(());
         };
-        let uses_sets = self
-            .state_schema
-            .value
-            .iter()
-            .any(|f| f.name() == crate::operator::dedup::BUCKET_MEMBERS);
-        if uses_sets && fingerprint::records_dedup_entries_per_key(recorded) {
-            config.one_entry_per_key = true;
-            self.state_schema = crate::operator::dedup::state_schema(config, schema)?;
-            tracing::info!(
-                "the checkpoint's deduplication state has one entry per key (written before \
-                 integer sets): it keeps that layout; a new checkpoint stores one integer key \
-                 as integer sets"
-            );
+        let Some(value) = fingerprint::recorded_dedup_value(recorded) else {
+            return Ok(());
+        };
+        if let Some(state_schema) =
+            crate::operator::dedup::keep_recorded_layout(config, &value, schema)?
+        {
+            self.state_schema = state_schema;
         }
         Ok(())
     }
@@ -1286,7 +1308,7 @@ impl PlannedStateful {
 /// rules for output modes; touches no file.
 fn plan_stateful(
     pipeline: &Pipeline,
-    checkpoint_dir: &std::path::Path,
+    state_dir: PathBuf,
     schema: &SchemaRef,
 ) -> Result<Option<PlannedStateful>, QueryError> {
     let query = &pipeline.query;
@@ -1305,7 +1327,6 @@ fn plan_stateful(
     for warning in spec::stateful_warnings(pipeline) {
         tracing::warn!(query = %query.name, "{warning}");
     }
-    let state_dir = checkpoint_dir.join("state").join("0");
     let delay_ms = pipeline.watermark.as_ref().map_or(0, |w| {
         i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX)
     });
@@ -1400,7 +1421,7 @@ fn millis_i64(d: Duration) -> i64 {
 fn delta_sink(
     spec: &spec::DeltaSinkSpec,
     query: &spec::QuerySpec,
-    checkpoint_dir: &std::path::Path,
+    pending_dir: PathBuf,
     query_id: &str,
     failpoint: Option<Failpoint>,
 ) -> Result<sink::delta::DeltaSink, QueryError> {
@@ -1434,7 +1455,7 @@ fn delta_sink(
         partition_by: spec.partition_by.clone(),
         target_file_size: spec.target_file_size,
         commit,
-        pending_dir: checkpoint_dir.join("sinks").join("delta").join("pending"),
+        pending_dir,
         failpoint,
     })
     .map_err(SinkError::from)?;

@@ -74,9 +74,7 @@ pub(super) fn remove_path(path: &Path) -> Result<(), StateError> {
 
 /// Makes renames and removals in `dir` durable.
 pub(super) fn sync_dir(dir: &Path) -> Result<(), StateError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StateError::io(dir, "fsync directory", e))
+    crate::durable::sync_dir(dir).map_err(|e| StateError::io(&e.path, e.action, e.source))
 }
 
 /// Creates a new file for writing (failing if it exists).

@@ -742,6 +742,12 @@ impl StateStore {
         files::sync_dir(&self.dir)
     }
 
+    /// What this batch's uncommitted writes take in memory (an estimate,
+    /// as in [`Self::metrics`]).
+    pub fn pending_memory_bytes(&self) -> u64 {
+        self.pending_bytes + self.pending.len() as u64 * 64
+    }
+
     /// Figures for progress.
     pub fn metrics(&self) -> StoreMetrics {
         StoreMetrics {

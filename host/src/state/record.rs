@@ -21,6 +21,7 @@ use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
 use super::{StateError, StoreKind};
+use crate::fnv;
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
 const HEADER_LEN: usize = 8 + 1 + 1 + 8 + 1 + 8;
@@ -28,8 +29,6 @@ const TRAILER_LEN: usize = 1 + 8 + 8 + 8;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_END: u8 = 0xFF;
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// What a record file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,13 +133,6 @@ fn le_u32(bytes: &[u8]) -> u32 {
     u32::from_le_bytes(buf)
 }
 
-fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(FNV_PRIME);
-    }
-    hash
-}
 
 /// Streams records into a new file, hashing as it goes.
 #[derive(Debug)]
@@ -156,7 +148,7 @@ impl RecordWriter {
     pub fn new(file: File, header: &Header) -> std::io::Result<Self> {
         let mut writer = Self {
             out: BufWriter::with_capacity(256 * 1024, file),
-            hash: FNV_OFFSET,
+            hash: fnv::OFFSET,
             records: 0,
             bytes: 0,
         };
@@ -165,7 +157,7 @@ impl RecordWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.hash = fnv1a(self.hash, bytes);
+        self.hash = fnv::extend(self.hash, bytes);
         self.bytes += bytes.len() as u64;
         self.out.write_all(bytes)
     }
@@ -248,7 +240,7 @@ impl RecordFile {
             ));
         }
         let sum_at = data.len() - 8;
-        if fnv1a(FNV_OFFSET, &data[..sum_at]) != le_u64(&data[sum_at..]) {
+        if fnv::hash(&data[..sum_at]) != le_u64(&data[sum_at..]) {
             return Err(StateError::corrupt(
                 file,
                 "checksum mismatch (torn or damaged file)",

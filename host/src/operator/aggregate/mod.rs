@@ -84,7 +84,6 @@ mod tests;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -96,11 +95,12 @@ use accumulate::Partials;
 use output::OutputRows;
 use plan::{Plan, TimeKey, WindowKind};
 
-use crate::operator::key_encoding::{TAG_VALUE, flip_i64, fnv1a, unflip_i64};
+use crate::operator::key_encoding::{TAG_VALUE, flip_i64, unflip_i64};
+use crate::operator::partitioned::{CountEntry, KeyCount, PartitionedConfig, PartitionedState};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
-use crate::state::{StateError, StateOptions, StateStore};
+use crate::state::{StateError, StateOptions};
 
 /// Prefix of group entries.
 const GROUP: u8 = 0x00;
@@ -167,17 +167,12 @@ struct Scratch {
 /// Spark's streaming aggregation (`stateStoreSave`).
 pub struct AggregateOperator {
     plan: Arc<Plan>,
-    stores: Vec<StateStore>,
+    /// The stores, counting groups under [`META`].
+    state: PartitionedState,
     partials: Partials,
-    /// Groups in each store, as persisted under [`META`] …
-    groups: Vec<u64>,
-    /// … and as last written there.
-    groups_persisted: Vec<u64>,
     scratch: Scratch,
-    /// Since the last load or commit: groups written, groups evicted,
-    /// partial aggregates dropped as late and the input rows they held.
-    rows_updated: u64,
-    rows_removed: u64,
+    /// Since the last load or commit: partial aggregates dropped as late
+    /// and the input rows they held.
     rows_dropped: u64,
     input_rows_dropped: u64,
 }
@@ -190,7 +185,7 @@ impl std::fmt::Debug for AggregateOperator {
             .field("window", &self.plan.window)
             .field("keys", &self.plan.keys)
             .field("time_key", &self.plan.time_key)
-            .field("partitions", &self.stores.len())
+            .field("partitions", &self.state.partitions())
             .finish_non_exhaustive()
     }
 }
@@ -219,26 +214,21 @@ impl AggregateOperator {
     pub fn new(config: AggregateConfig, input: &SchemaRef) -> Result<Self, OperatorError> {
         let plan = checked_plan(&config, input)?;
         let name = plan.name;
-        let mut stores = Vec::with_capacity(config.num_partitions as usize);
-        for partition in 0..config.num_partitions {
-            let dir = config.state_dir.join(partition.to_string());
-            let store =
-                StateStore::open(&dir, &config.state).map_err(|source| OperatorError::State {
-                    operator: name.to_owned(),
-                    source,
-                })?;
-            stores.push(store);
-        }
-        let n = stores.len();
+        let state = PartitionedState::open(&PartitionedConfig {
+            dir: &config.state_dir,
+            partitions: config.num_partitions,
+            options: &config.state,
+            count: KeyCount::Stored(CountEntry::LittleEndian(META)),
+        })
+        .map_err(|source| OperatorError::State {
+            operator: name.to_owned(),
+            source,
+        })?;
         Ok(Self {
             plan: Arc::new(plan),
-            stores,
+            state,
             partials: Partials::default(),
-            groups: vec![0; n],
-            groups_persisted: vec![0; n],
             scratch: Scratch::default(),
-            rows_updated: 0,
-            rows_removed: 0,
             rows_dropped: 0,
             input_rows_dropped: 0,
         })
@@ -265,7 +255,7 @@ impl AggregateOperator {
     }
 
     fn partition(&self, key: &[u8]) -> usize {
-        (fnv1a(key) % self.stores.len() as u64) as usize
+        self.state.partition_of(key)
     }
 
     /// The key range of `prefix` entries whose event time is `<= limit` µs.
@@ -302,7 +292,6 @@ impl AggregateOperator {
         let scratch = &mut self.scratch;
         scratch.distinct_new.clear();
         scratch.distinct_new.resize(plan.aggs.len(), 0);
-        let partitions = self.stores.len() as u64;
         let mut d = 0;
         for g in 0..self.partials.len() {
             let start = d;
@@ -317,8 +306,8 @@ impl AggregateOperator {
                 continue;
             }
             let key = &self.partials.keys[g];
-            let p = (fnv1a(key) % partitions) as usize;
-            let store = &mut self.stores[p];
+            let p = self.state.partition_of(key);
+            let store = self.state.store_mut(p);
             let state = |source| OperatorError::State {
                 operator: plan.name.to_owned(),
                 source,
@@ -342,11 +331,10 @@ impl AggregateOperator {
             scratch.key.clear();
             scratch.key.push(GROUP);
             scratch.key.extend_from_slice(key);
-            let merged: &[u8] = match store.get(&scratch.key).map_err(state)? {
-                None => {
-                    self.groups[p] += 1;
-                    &scratch.partial
-                }
+            let old = store.get(&scratch.key).map_err(state)?;
+            let new_group = old.is_none();
+            let merged: &[u8] = match old {
+                None => &scratch.partial,
                 Some(old) => {
                     value::merge(plan, &old, &scratch.partial, &mut scratch.merged)
                         .map_err(|e| merge_error(plan, key, e))?;
@@ -354,7 +342,10 @@ impl AggregateOperator {
                 }
             };
             store.put(&scratch.key, merged).map_err(state)?;
-            self.rows_updated += 1;
+            if new_group {
+                self.state.add_keys(p, 1);
+            }
+            self.state.updated(1);
             if plan.mode == AggOutputMode::Update {
                 out.add(key, merged).map_err(|e| invalid(plan, e))?;
             }
@@ -426,7 +417,8 @@ impl AggregateOperator {
         let index_end = prefix_end(&index_prefix);
         let mut existing: Vec<(i64, i64)> = Vec::new();
         let mut bad = None;
-        self.stores[p]
+        self.state
+            .store_mut(p)
             .scan(&index_prefix, index_end.as_deref(), &mut |key, value| {
                 let start = key.len().checked_sub(8).map(|s| &key[s..]);
                 match (start, value.len()) {
@@ -490,7 +482,7 @@ impl AggregateOperator {
             i = j;
             // Spark rewrites every session of a key that had input
             // (`updateSessions`): each counts as updated, changed or not.
-            self.rows_updated += 1;
+            self.state.updated(1);
             if let [(_, _, Part::Existing(..))] = session {
                 continue;
             }
@@ -500,15 +492,19 @@ impl AggregateOperator {
                 let bytes = match part {
                     Part::Existing(s, en) => {
                         let key = session_key(s, en, k);
-                        self.stores[p].get(&key).map_err(state)?.ok_or_else(|| {
-                            invalid(
-                                plan,
-                                AggregateError::CorruptState {
-                                    key: format!("{key:02x?}"),
-                                    reason: "session in the index but not in state".into(),
-                                },
-                            )
-                        })?
+                        self.state
+                            .store(p)
+                            .get(&key)
+                            .map_err(state)?
+                            .ok_or_else(|| {
+                                invalid(
+                                    plan,
+                                    AggregateError::CorruptState {
+                                        key: format!("{key:02x?}"),
+                                        reason: "session in the index but not in state".into(),
+                                    },
+                                )
+                            })?
                     }
                     Part::Partial(g) => {
                         let mut bytes = Vec::new();
@@ -531,16 +527,17 @@ impl AggregateOperator {
                     }
                 });
             }
-            let store = &mut self.stores[p];
+            let store = self.state.store_mut(p);
+            let (mut replaced, mut absorbed) = (0, 0);
             for &(_, _, part) in session {
                 if let Part::Existing(s, en) = part {
                     store.delete(&session_key(s, en, k)).map_err(state)?;
                     store.delete(&index_key(s, k)).map_err(state)?;
-                    self.groups[p] = self.groups[p].saturating_sub(1);
+                    replaced += 1;
                     // Spark keys sessions by (keys, start): one absorbed by
                     // a session starting elsewhere is a removed state row.
                     if s != start {
-                        self.rows_removed += 1;
+                        absorbed += 1;
                     }
                 }
             }
@@ -551,7 +548,9 @@ impl AggregateOperator {
             store
                 .put(&index_key(start, k), &flip_i64(end))
                 .map_err(state)?;
-            self.groups[p] += 1;
+            self.state.remove_keys(p, replaced);
+            self.state.removed(absorbed);
+            self.state.add_keys(p, 1);
         }
         Ok(())
     }
@@ -567,13 +566,14 @@ impl AggregateOperator {
         let (start, end) = Self::expired_range(plan, GROUP, limit);
         let distinct_range = Self::expired_range(plan, DISTINCT, limit);
         let session = plan.is_session();
-        for p in 0..self.stores.len() {
+        for p in 0..self.state.partitions() {
             let state = |source| OperatorError::State {
                 operator: plan.name.to_owned(),
                 source,
             };
             let mut expired: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-            self.stores[p]
+            self.state
+                .store_mut(p)
                 .scan(&start, Some(&end), &mut |k, v| {
                     expired.push((k.to_vec(), v.to_vec()));
                     Ok(true)
@@ -584,7 +584,7 @@ impl AggregateOperator {
                 if let Some(out) = out.as_deref_mut() {
                     out.add(group, value).map_err(|e| invalid(plan, e))?;
                 }
-                let store = &mut self.stores[p];
+                let store = self.state.store_mut(p);
                 store.delete(key).map_err(state)?;
                 if session && group.len() >= output::WINDOW_BYTES {
                     let mut s = [0u8; 8];
@@ -593,19 +593,20 @@ impl AggregateOperator {
                         .delete(&index_key(unflip_i64(s), &group[16..]))
                         .map_err(state)?;
                 }
-                self.groups[p] = self.groups[p].saturating_sub(1);
-                self.rows_removed += 1;
+                self.state.remove_keys(p, 1);
+                self.state.removed(1);
             }
             if plan.has_distinct {
                 let mut keys: Vec<Vec<u8>> = Vec::new();
-                self.stores[p]
+                self.state
+                    .store_mut(p)
                     .scan(&distinct_range.0, Some(&distinct_range.1), &mut |k, _| {
                         keys.push(k.to_vec());
                         Ok(true)
                     })
                     .map_err(state)?;
                 for key in &keys {
-                    self.stores[p].delete(key).map_err(state)?;
+                    self.state.store_mut(p).delete(key).map_err(state)?;
                 }
             }
         }
@@ -614,7 +615,7 @@ impl AggregateOperator {
 
     /// Adds every group in state to `out` (complete mode).
     fn emit_all(&self, plan: &Plan, out: &mut OutputRows<'_>) -> Result<(), OperatorError> {
-        for store in &self.stores {
+        for store in self.state.stores() {
             let mut failed = None;
             store
                 .scan(&[GROUP], Some(&[GROUP + 1]), &mut |k, v| {
@@ -627,22 +628,6 @@ impl AggregateOperator {
                 .map_err(|e| self.state_error(e))?;
             if let Some(e) = failed {
                 return Err(invalid(plan, e));
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the group counts that changed.
-    fn persist_counts(&mut self) -> Result<(), OperatorError> {
-        for p in 0..self.stores.len() {
-            if self.groups[p] != self.groups_persisted[p] {
-                self.stores[p]
-                    .put(META, &self.groups[p].to_le_bytes())
-                    .map_err(|e| OperatorError::State {
-                        operator: self.plan.name.to_owned(),
-                        source: e,
-                    })?;
-                self.groups_persisted[p] = self.groups[p];
             }
         }
         Ok(())
@@ -740,20 +725,7 @@ impl StatefulOperator for AggregateOperator {
     }
 
     fn load(&mut self, version: Option<u64>) -> Result<(), StateError> {
-        for (p, store) in self.stores.iter_mut().enumerate() {
-            store.load(version)?;
-            let count = store.get(META)?.map_or(0, |v| {
-                let mut a = [0u8; 8];
-                if v.len() == 8 {
-                    a.copy_from_slice(&v);
-                }
-                u64::from_le_bytes(a)
-            });
-            self.groups[p] = count;
-            self.groups_persisted[p] = count;
-        }
-        self.rows_updated = 0;
-        self.rows_removed = 0;
+        self.state.load(version)?;
         self.rows_dropped = 0;
         self.input_rows_dropped = 0;
         Ok(())
@@ -802,7 +774,6 @@ impl StatefulOperator for AggregateOperator {
             }
             AggOutputMode::Complete => self.emit_all(&plan, &mut out)?,
         }
-        self.persist_counts()?;
         if self.input_rows_dropped > 0 {
             tracing::debug!(
                 operator = plan.name,
@@ -822,28 +793,9 @@ impl StatefulOperator for AggregateOperator {
     }
 
     fn commit(&mut self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
-        let started = Instant::now();
-        for store in &mut self.stores {
-            store.commit(batch_id)?;
-        }
-        let commit_time_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let memory = self
-            .stores
-            .iter()
-            .map(|s| s.metrics().memory_used_bytes)
-            .sum();
-        let metrics = OperatorMetrics {
-            operator_name: self.plan.name.to_owned(),
-            num_rows_total: self.groups.iter().sum(),
-            num_rows_updated: self.rows_updated,
-            num_rows_removed: self.rows_removed,
-            memory_used_bytes: memory,
-            num_rows_dropped_by_watermark: self.rows_dropped,
-            commit_time_ms,
-            num_state_store_instances: self.stores.len() as u64,
-        };
-        self.rows_updated = 0;
-        self.rows_removed = 0;
+        let metrics = self
+            .state
+            .commit(batch_id, self.plan.name, self.rows_dropped)?;
         self.rows_dropped = 0;
         self.input_rows_dropped = 0;
         Ok(metrics)

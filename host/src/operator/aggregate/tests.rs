@@ -559,7 +559,7 @@ fn sessions_in_append_mode_are_emitted_when_they_end_before_the_watermark() {
     assert_eq!(m.num_rows_total, 1, "the 4-minute row opens [4, 9)");
     // Nothing left in the store but the new session and its index entry.
     let mut entries = 0;
-    for s in &op.stores {
+    for s in op.state.stores() {
         s.scan(&[GROUP], Some(&[META[0]]), &mut |_, _| {
             entries += 1;
             Ok(true)
@@ -735,7 +735,7 @@ fn count_distinct_is_exact_across_batches_and_evicted_with_its_group() {
     // Eviction removes the group and its distinct values.
     let (_, m) = step(&mut op, 2, 0, 5 * MIN_MS, &[]);
     assert_eq!((m.num_rows_total, m.num_rows_removed), (0, 1));
-    for s in &op.stores {
+    for s in op.state.stores() {
         s.scan(&[GROUP], Some(&[META[0]]), &mut |k, _| {
             panic!("left in state: {k:?}")
         })

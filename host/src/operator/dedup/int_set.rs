@@ -16,7 +16,25 @@
 //! [`TAG_ARRAY`], more as a 4,096-bit bitmap (little-endian 64-bit words)
 //! after [`TAG_BITMAP`], whichever is smaller.
 
+//!
+//! The layout of deduplication state it makes: `0x01 ‖ bucket (8 bytes,
+//! big-endian) → container` per bucket, the null key as `0x02 → ∅`, and the
+//! partition's key count under `0x00`. It applies to one integer key that
+//! is never evicted ([`IntKey::of`]); a batch's keyed rows are sorted by
+//! value, grouped by bucket, and each partition's buckets read in one
+//! batched lookup, updated and written back.
 use std::fmt;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::TimestampMicrosecondType;
+use arrow_array::{Array, RecordBatch};
+use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
+use arrow_schema::DataType;
+
+use super::{DedupConfig, DedupOperator, Expiry, KeyColumn, Scratch, late_rows, state_error};
+use crate::operator::key_encoding::{TAG_NULL, TAG_VALUE};
+use crate::operator::stateful::OperatorError;
+use crate::state::{StateError, StateStore};
 
 /// Bits of a value that select its offset within its bucket.
 pub(crate) const BUCKET_BITS: u32 = 12;
@@ -208,6 +226,218 @@ impl Bucket {
             }
         }
     }
+}
+
+/// Integer-set layout: the key of a partition's key count.
+pub(super) const COUNT_KEY: &[u8] = &[0x00];
+/// Integer-set layout: the value column recorded in the state schema.
+pub const BUCKET_MEMBERS: &str = "bucket_members";
+
+/// How one integer key column maps to the ordered values of a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IntKey {
+    /// Any signed or unsigned type up to 32 bits, and Int64: as an i64.
+    Signed,
+    /// UInt64: the value itself.
+    Unsigned,
+}
+
+impl IntKey {
+    /// The integer-set layout applies to one integer key that is never
+    /// evicted, unless `config` keeps one entry per key.
+    pub(super) fn of(config: &DedupConfig, keys: &[KeyColumn], expiry: Expiry) -> Option<Self> {
+        use DataType as D;
+        let [key] = keys else { return None };
+        if expiry != Expiry::Never || config.one_entry_per_key {
+            return None;
+        }
+        match key.data_type {
+            D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32 => {
+                Some(Self::Signed)
+            }
+            D::UInt64 => Some(Self::Unsigned),
+            _ => None,
+        }
+    }
+}
+
+impl DedupOperator {
+    /// [`Self::dedup_rows`] for the integer-set layout: the batch's keyed
+    /// rows sorted by value (the first row of each value wins), grouped by
+    /// bucket, each partition's buckets read in one batched lookup, updated
+    /// and written back.
+    pub(super) fn dedup_int_set(
+        &mut self,
+        kind: IntKey,
+        late_micros: i64,
+        batch: &RecordBatch,
+        scratch: &mut Scratch,
+    ) -> Result<BooleanBuffer, OperatorError> {
+        let n = batch.num_rows();
+        let late = match self.event_time {
+            Some(i) => {
+                let ts = batch
+                    .column(i)
+                    .as_primitive_opt::<TimestampMicrosecondType>()
+                    .ok_or_else(|| self.invalid(self.event_time_type_error(i)))?;
+                let (mask, dropped) = late_rows(ts, late_micros);
+                self.rows_dropped_late += dropped;
+                Some(mask)
+            }
+            None => None,
+        };
+        let column = batch.column(self.keys[0].index);
+        let nulls = column.logical_nulls();
+        let on_time = |row: usize| late.as_ref().is_none_or(|l| !l.value(row));
+        let values = &mut scratch.values;
+        values.clear();
+        values.reserve(n);
+        let mut null_row = None;
+        macro_rules! collect {
+            ($t:ty, $image:expr) => {{
+                let array = column
+                    .as_primitive_opt::<$t>()
+                    .ok_or_else(|| self.invalid(self.key_type_error()))?;
+                for (row, &v) in array.values().iter().enumerate() {
+                    if !on_time(row) {
+                        continue;
+                    }
+                    if nulls.as_ref().is_some_and(|nulls| nulls.is_null(row)) {
+                        null_row.get_or_insert(row);
+                        continue;
+                    }
+                    // `row < n <= u32::MAX`, checked by the caller.
+                    values.push(($image(v), row as u32));
+                }
+            }};
+        }
+        {
+            use arrow_array::types::{
+                Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
+                UInt64Type,
+            };
+            match (kind, column.data_type()) {
+                (IntKey::Signed, DataType::Int8) => {
+                    collect!(Int8Type, |v: i8| ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int16) => {
+                    collect!(Int16Type, |v: i16| ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int32) => {
+                    collect!(Int32Type, |v: i32| ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::Int64) => collect!(Int64Type, ordered),
+                (IntKey::Signed, DataType::UInt8) => {
+                    collect!(UInt8Type, |v: u8| ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::UInt16) => {
+                    collect!(UInt16Type, |v: u16| ordered(i64::from(v)))
+                }
+                (IntKey::Signed, DataType::UInt32) => {
+                    collect!(UInt32Type, |v: u32| ordered(i64::from(v)))
+                }
+                (IntKey::Unsigned, DataType::UInt64) => collect!(UInt64Type, |v: u64| v),
+                _ => return Err(self.invalid(self.key_type_error())),
+            }
+        }
+        // Equal values end up ordered by row, so the first occurrence stays.
+        values.sort_unstable();
+        values.dedup_by_key(|v| v.0);
+
+        let buckets = &mut scratch.buckets;
+        buckets.clear();
+        let mut start = 0;
+        while start < values.len() {
+            let bucket = bucket_of(values[start].0);
+            let mut end = start + 1;
+            while end < values.len() && bucket_of(values[end].0) == bucket {
+                end += 1;
+            }
+            let mut key = [0u8; 9];
+            key[0] = TAG_VALUE;
+            key[1..].copy_from_slice(&bucket.to_be_bytes());
+            // The partition is below `num_partitions: u32`.
+            let partition = self.state.partition_of(&key) as u32;
+            buckets.push((key, partition, start..end));
+            start = end;
+        }
+        // Stable: each partition's buckets stay in key order.
+        buckets.sort_by_key(|b| b.1);
+
+        let mut keep = BooleanBufferBuilder::new(n);
+        keep.append_n(n, false);
+        for part in buckets.chunk_by(|a, b| a.1 == b.1) {
+            let p = part[0].1 as usize;
+            let store = self.state.store_mut(p);
+            let keys: Vec<&[u8]> = part.iter().map(|b| b.0.as_slice()).collect();
+            store
+                .get_many(&keys, true, &mut scratch.containers)
+                .map_err(|e| state_error(self.name, e))?;
+            let mut added = 0u64;
+            for ((key, _, range), stored) in part.iter().zip(scratch.containers.iter()) {
+                let mut bucket = match stored {
+                    Some(bytes) => Bucket::decode(bytes)
+                        .map_err(|e| corrupt_bucket(self.name, store, key, &e))?,
+                    None => Bucket::default(),
+                };
+                let before = bucket.len();
+                for &(value, row) in &values[range.clone()] {
+                    if bucket.insert(value) {
+                        keep.set_bit(row as usize, true);
+                    }
+                }
+                let new = (bucket.len() - before) as u64;
+                if new > 0 {
+                    added += new;
+                    bucket.encode(&mut scratch.encoded);
+                    // The lookup above said whether the bucket exists: a new
+                    // one is stored without asking the store again.
+                    let written = if stored.is_none() {
+                        store.put_new(key, &scratch.encoded)
+                    } else {
+                        store.put(key, &scratch.encoded)
+                    };
+                    written.map_err(|e| state_error(self.name, e))?;
+                }
+            }
+            self.state.updated(added);
+            self.state.add_keys(p, added);
+        }
+        if let Some(row) = null_row {
+            let p = self.state.partition_of(&[TAG_NULL]);
+            let store = self.state.store_mut(p);
+            if !store
+                .contains(&[TAG_NULL])
+                .map_err(|e| state_error(self.name, e))?
+            {
+                store
+                    .put_new(&[TAG_NULL], &[])
+                    .map_err(|e| state_error(self.name, e))?;
+                keep.set_bit(row, true);
+                self.state.updated(1);
+                self.state.add_keys(p, 1);
+            }
+        }
+        Ok(keep.finish())
+    }
+}
+
+/// A stored container of the integer-set layout that cannot be read.
+fn corrupt_bucket(
+    operator: &str,
+    store: &StateStore,
+    key: &[u8; 9],
+    e: &CorruptBucket,
+) -> OperatorError {
+    let mut bucket = [0u8; 8];
+    bucket.copy_from_slice(&key[1..]);
+    state_error(
+        operator,
+        StateError::corrupt(
+            store.dir(),
+            format!("the entry of bucket {}: {e}", u64::from_be_bytes(bucket)),
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,139 @@
+//! The transforms and the sink as the query holds them. A Wasm plugin is
+//! held as itself, beside the trait objects of native stages, because the
+//! query does more with it than run it: it replaces the plugin by a new
+//! build (`reload`), reports its usage in progress, and loads and commits
+//! its keyed state with the batch. The traits [`BatchTransform`] and
+//! [`Sink`] stay what every stage is, without optional methods that only
+//! one kind of stage implements.
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use crate::operator::wasm_state::KeyedState;
+use crate::operator::{BatchTransform, TransformError};
+use crate::plugin::{BatchInfo, PluginUsage, WasmSink, WasmTransform};
+use crate::sink::{PluginSink, Sink, SinkError};
+
+/// A plugin's name, build (sha256) and usage so far, for progress.
+pub(super) type Usage = (String, String, PluginUsage);
+
+/// One transform of the query.
+pub(super) enum Transform {
+    /// Added by a program embedding the host.
+    Native(Box<dyn BatchTransform>),
+    /// A `[[transform]]` of the pipeline file.
+    Wasm(Box<WasmTransform>),
+}
+
+impl Transform {
+    pub(super) fn name(&self) -> &str {
+        match self {
+            Self::Native(t) => t.name(),
+            Self::Wasm(t) => t.name(),
+        }
+    }
+
+    pub(super) fn process(
+        &mut self,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<RecordBatch, TransformError> {
+        match self {
+            Self::Native(t) => t.process(batch, info),
+            Self::Wasm(t) => Ok(t.process(batch, info)?),
+        }
+    }
+
+    /// The Wasm plugin, for replacing it by a new build.
+    pub(super) fn wasm_mut(&mut self) -> Option<&mut WasmTransform> {
+        match self {
+            Self::Native(_) => None,
+            Self::Wasm(t) => Some(t),
+        }
+    }
+
+    /// Whether the transform keeps keyed state (a Wasm component importing
+    /// `keyed-state`), which the query then stores and versions.
+    pub(super) fn is_stateful(&self) -> bool {
+        matches!(self, Self::Wasm(t) if t.is_stateful())
+    }
+
+    /// The keyed state of a stateful Wasm transform, once attached.
+    pub(super) fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
+        match self {
+            Self::Native(_) => None,
+            Self::Wasm(t) => t.keyed_state_mut(),
+        }
+    }
+
+    /// For a Wasm transform: its build and usage, for progress.
+    pub(super) fn plugin_usage(&self) -> Option<Usage> {
+        match self {
+            Self::Native(_) => None,
+            Self::Wasm(t) => Some(usage(t.name(), t.sha256(), t.usage())),
+        }
+    }
+}
+
+/// The sink of the query.
+pub(super) enum QuerySink {
+    Native(Box<dyn Sink>),
+    /// A Wasm foreachBatch sink.
+    Wasm(Box<PluginSink>),
+}
+
+impl QuerySink {
+    fn sink(&self) -> &dyn Sink {
+        match self {
+            Self::Native(s) => s.as_ref(),
+            Self::Wasm(s) => s.as_ref(),
+        }
+    }
+
+    fn sink_mut(&mut self) -> &mut dyn Sink {
+        match self {
+            Self::Native(s) => s.as_mut(),
+            Self::Wasm(s) => s.as_mut(),
+        }
+    }
+
+    pub(super) fn description(&self) -> String {
+        self.sink().description()
+    }
+
+    pub(super) fn write_batch(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, SinkError> {
+        self.sink_mut().write_batch(info, schema, batches)
+    }
+
+    pub(super) fn close(&mut self) -> Result<(), SinkError> {
+        self.sink_mut().close()
+    }
+
+    /// The Wasm plugin, for replacing it by a new build.
+    pub(super) fn wasm_mut(&mut self) -> Option<&mut WasmSink> {
+        match self {
+            Self::Native(_) => None,
+            Self::Wasm(s) => Some(s.plugin_mut()),
+        }
+    }
+
+    /// For a Wasm sink: its build and usage, for progress.
+    pub(super) fn plugin_usage(&self) -> Option<Usage> {
+        match self {
+            Self::Native(_) => None,
+            Self::Wasm(s) => {
+                let p = s.plugin();
+                Some(usage(p.name(), p.sha256(), p.usage()))
+            }
+        }
+    }
+}
+
+fn usage(name: &str, sha256: &str, usage: &PluginUsage) -> Usage {
+    (name.to_owned(), sha256.to_owned(), usage.clone())
+}
