@@ -5,7 +5,7 @@
 //! the file of its first attempt instead of appending a second copy, and a reader never sees a
 //! half-written file.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -43,31 +43,17 @@ pub fn write_dead_letters(
     if records.is_empty() {
         return Ok(None);
     }
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| DecodeError::DeadLetterIo { path, source }
-    };
-    fs::create_dir_all(dir).map_err(io(dir))?;
     let path = dead_letter_path(dir, batch_id);
-    let tmp = dir.join(format!(
-        ".batch-{batch_id:020}.jsonl.{}.tmp",
-        std::process::id()
-    ));
-    let written = write_file(&tmp, records).map_err(io(&tmp));
-    if let Err(e) = written {
-        // Best effort: the temporary file is useless now; the original error matters.
-        let _ignored = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::rename(&tmp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
+    crate::durable::replace_with(&path, |file| {
+        write_records(file, records).map_err(|source| DecodeError::DeadLetterIo {
+            path: path.clone(),
+            source,
+        })
+    })?;
     Ok(Some(path))
 }
 
-fn write_file(tmp: &Path, records: &[MalformedRecord]) -> std::io::Result<()> {
-    let file = File::create(tmp)?;
+fn write_records(file: &mut File, records: &[MalformedRecord]) -> std::io::Result<()> {
     let mut w = BufWriter::new(file);
     for r in records {
         let letter = Letter {
@@ -79,12 +65,22 @@ fn write_file(tmp: &Path, records: &[MalformedRecord]) -> std::io::Result<()> {
         serde_json::to_writer(&mut w, &letter)?;
         w.write_all(b"\n")?;
     }
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()
+    w.flush()
+}
+
+impl From<crate::durable::FsError> for DecodeError {
+    fn from(e: crate::durable::FsError) -> Self {
+        DecodeError::DeadLetterIo {
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn record(line: u64, raw: &str) -> MalformedRecord {

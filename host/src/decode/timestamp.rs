@@ -13,17 +13,7 @@
 
 use arrow_schema::TimeUnit;
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
-pub(super) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400; // [0, 399]
-    let m = i64::from(month);
-    let mp = if m > 2 { m - 3 } else { m + 9 }; // March = 0
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1; // [0, 365]
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146096]
-    era * 146_097 + doe - 719_468
-}
+pub(super) use crate::calendar::days_from_civil;
 
 fn is_leap(year: i64) -> bool {
     (year % 4 == 0 && year % 100 != 0) || year % 400 == 0

@@ -20,6 +20,7 @@ use std::time::Duration;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 
 use super::state::BatchInfo;
+use crate::fnv;
 
 /// The current call's timestamp and random state, shared by the store's
 /// clocks and generators. Atomics rather than a lock: a store is used by one
@@ -35,15 +36,15 @@ impl BatchSeed {
     /// that even `open` (before any batch) is deterministic.
     pub(crate) fn new() -> Arc<Self> {
         let seed = Arc::new(Self::default());
-        seed.rng.store(FNV_OFFSET, Ordering::Relaxed);
+        seed.rng.store(fnv::OFFSET, Ordering::Relaxed);
         seed
     }
 
     /// Re-arms the clock and the random stream for a call on `info`'s batch.
     pub(crate) fn begin(&self, info: &BatchInfo) {
-        let mut seed = fnv1a(FNV_OFFSET, info.query_id.as_bytes());
-        seed = fnv1a(seed, &info.batch_id.to_le_bytes());
-        seed = fnv1a(seed, &info.partition.to_le_bytes());
+        let mut seed = fnv::hash(info.query_id.as_bytes());
+        seed = fnv::extend(seed, &info.batch_id.to_le_bytes());
+        seed = fnv::extend(seed, &info.partition.to_le_bytes());
         self.rng.store(seed, Ordering::Relaxed);
         self.timestamp_micros
             .store(info.timestamp_micros, Ordering::Relaxed);
@@ -69,18 +70,8 @@ impl BatchSeed {
             .insecure_random(BatchRng(Arc::clone(self)))
             // Read once per instance (hash-map keys): fixed, so that iteration
             // order is the same on every run.
-            .insecure_random_seed(u128::from(FNV_OFFSET));
+            .insecure_random_seed(u128::from(fnv::OFFSET));
     }
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// splitmix64: tiny, fast, and identical on every platform, which is what a

@@ -1,0 +1,145 @@
+//! Durable file writes: the one routine every writer of checkpoint, state,
+//! sink and dead-letter files uses, so that none of them is ever seen
+//! half-written, even after a power cut.
+//!
+//! A file is written under a hidden temporary name beside its target, fsynced,
+//! renamed over the target, and the directory fsynced so that the rename
+//! itself survives. Callers wrap [`FsError`] into their own error type, which
+//! names what the file was for.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A file-system step that failed, with the path it failed on.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {action} {}: {source}", path.display())]
+pub(crate) struct FsError {
+    pub path: PathBuf,
+    pub action: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl FsError {
+    fn new(path: &Path, action: &'static str, source: std::io::Error) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            action,
+            source,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically, replacing any existing file, and
+/// creates the parent directory (durably) when it is missing.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    replace_with(path, |file| {
+        file.write_all(bytes)
+            .map_err(|e| FsError::new(path, "write", e))
+    })
+}
+
+/// As [`write_atomically`], with the content written by `write` into the
+/// temporary file (which is synced afterwards). `write`'s own errors come
+/// back as they are, so that a caller keeps its typed errors (e.g. Parquet's).
+pub(crate) fn replace_with<E: From<FsError>>(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<(), E>,
+) -> Result<(), E> {
+    let dir = parent_of(path);
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(|e| FsError::new(&dir, "create directory", e))?;
+        // The new directory's own entry must be durable too, or the renamed file may vanish.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    let tmp = temp_path(&dir, path);
+    let result = write_and_rename(&tmp, path, write);
+    if result.is_err() {
+        // Best effort: the temp file is hidden and ignored by readers, so a leftover is harmless.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    Ok(sync_dir(&dir)?)
+}
+
+fn write_and_rename<E: From<FsError>>(
+    tmp: &Path,
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(|e| FsError::new(tmp, "create temporary file", e))?;
+    write(&mut file)?;
+    file.sync_all()
+        .map_err(|e| FsError::new(tmp, "fsync temporary file", e))?;
+    drop(file);
+    std::fs::rename(tmp, path).map_err(|e| FsError::new(path, "rename temporary file onto", e))?;
+    Ok(())
+}
+
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// `.<name>.<uuid>.tmp` in `dir`: hidden, unique, and never a valid entry name
+/// (the files sink removes leftovers of its own by this shape: `.batch-*.tmp`).
+fn temp_path(dir: &Path, path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()))
+}
+
+/// Makes renames, creations and removals in `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| FsError::new(dir, "fsync directory", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/entry");
+        write_atomically(&path, b"one").expect("first write");
+        write_atomically(&path, b"two").expect("second write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"two");
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["entry"]);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("entry");
+        write_atomically(&path, b"old").expect("write");
+        let err = replace_with(&path, |_| {
+            Err(FsError::new(
+                &path,
+                "write",
+                std::io::Error::other("disk full"),
+            ))
+        })
+        .expect_err("the write fails");
+        assert_eq!(err.action, "write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"old");
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 1);
+    }
+}
