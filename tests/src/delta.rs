@@ -44,6 +44,7 @@ pub fn python() -> Result<PathBuf> {
 /// What the Python `deltalake` package sees in the table.
 const PY_READER: &str = r#"
 import json, os, sys
+import pyarrow as pa
 from deltalake import DeltaTable
 t = DeltaTable(sys.argv[1])
 data = t.to_pyarrow_table()
@@ -59,6 +60,18 @@ out = {
 }
 for c in sys.argv[3:]:
     out[c] = data.column(c).to_pylist()
+# Every row whole, in the form of weir_tests::canonical_rows: decimals as exact text,
+# timestamps as microseconds since the epoch, dates as days since it.
+def canonical(field, column):
+    if pa.types.is_timestamp(field.type):
+        column = column.cast(pa.timestamp("us", tz=field.type.tz)).cast(pa.int64())
+    elif pa.types.is_date32(field.type):
+        column = column.cast(pa.int32())
+    elif pa.types.is_decimal(field.type):
+        return [None if v is None else format(v, "f") for v in column.to_pylist()]
+    return column.to_pylist()
+values = [canonical(f, data.column(f.name)) for f in data.schema]
+out["row_values"] = [dict(zip(cols, row)) for row in zip(*values)]
 print(json.dumps(out, default=str))
 sys.stdout.flush()
 # Leave without interpreter finalisation: deltalake's runtime threads can
@@ -91,6 +104,22 @@ pub fn py_json(script: &str, table: &Path, args: &[&str]) -> Result<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Every row of the table, whole, as the Python reader ([`py_read`]'s answer `py`) sees it: in
+/// the canonical form and order of [`crate::canonical_rows`].
+pub fn py_rows(py: &Value) -> Result<Vec<Value>> {
+    let rows = py["row_values"]
+        .as_array()
+        .context("the Python reader's answer has no row_values")?;
+    Ok(crate::sort_rows(rows.clone()))
+}
+
+/// Every row of the table, whole, by our own reader, in the canonical form and order of
+/// [`crate::canonical_rows`].
+pub fn own_rows(table: &Path) -> Result<Vec<Value>> {
+    let (_, batches) = weir_host::source::delta::read_table(table)?;
+    crate::canonical_rows(&batches)
 }
 
 /// The table's rows by our own reader, as the values of an BIGINT column.

@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
+use arrow_array::RecordBatch;
+use serde_json::Value;
+use weir_host::checkpoint::CheckpointReader;
 pub use weir_host::examples::{OrdersSpec, OrdersWritten};
 
 pub mod delta;
@@ -216,21 +219,183 @@ pub fn files_reference(ws: &Workspace, exe: &str, cache_dir: &Path) -> Result<Ve
     Ok(expected)
 }
 
-/// Names of the entries of a checkpoint log folder, as batch ids.
-pub fn log_ids(dir: &Path) -> Result<Vec<u64>> {
-    let mut ids: Vec<u64> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e.into()),
+/// Every row of `batches` as a JSON object of all its columns, in a form that does not depend
+/// on which reader typed them how: integers and booleans as themselves, strings as strings,
+/// decimals as their exact text (`"12.30"`), timestamps as microseconds since the epoch and
+/// dates as days since it, nulls as null. Sorted (by their JSON text), so that two outputs
+/// compare as multisets of whole rows. The Python reader of [`delta`] makes the same form.
+pub fn canonical_rows(batches: &[RecordBatch]) -> Result<Vec<Value>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{
+        Date32Type, Decimal128Type, DecimalType, Float64Type, Int8Type, Int16Type, Int32Type,
+        Int64Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+        TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
     };
-    ids.sort_unstable();
-    Ok(ids)
+    use arrow_schema::{DataType, TimeUnit};
+    let mut rows = Vec::new();
+    for batch in batches {
+        let mut columns: Vec<(String, Vec<Value>)> = Vec::new();
+        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+            macro_rules! each {
+                ($a:expr, $f:expr) => {
+                    $a.iter()
+                        .map(|v| v.map_or(Value::Null, $f))
+                        .collect::<Vec<Value>>()
+                };
+            }
+            let values = match field.data_type() {
+                DataType::Int8 => each!(array.as_primitive::<Int8Type>(), Value::from),
+                DataType::Int16 => each!(array.as_primitive::<Int16Type>(), Value::from),
+                DataType::Int32 => each!(array.as_primitive::<Int32Type>(), Value::from),
+                DataType::Int64 => each!(array.as_primitive::<Int64Type>(), Value::from),
+                DataType::UInt8 => each!(array.as_primitive::<UInt8Type>(), Value::from),
+                DataType::UInt16 => each!(array.as_primitive::<UInt16Type>(), Value::from),
+                DataType::UInt32 => each!(array.as_primitive::<UInt32Type>(), Value::from),
+                DataType::UInt64 => each!(array.as_primitive::<UInt64Type>(), Value::from),
+                DataType::Float64 => each!(array.as_primitive::<Float64Type>(), Value::from),
+                DataType::Date32 => each!(array.as_primitive::<Date32Type>(), Value::from),
+                DataType::Decimal128(precision, scale) => {
+                    each!(array.as_primitive::<Decimal128Type>(), |v| Value::from(
+                        Decimal128Type::format_decimal(v, *precision, *scale)
+                    ))
+                }
+                DataType::Timestamp(TimeUnit::Second, _) => {
+                    each!(array.as_primitive::<TimestampSecondType>(), |v| {
+                        Value::from(v * 1_000_000)
+                    })
+                }
+                DataType::Timestamp(TimeUnit::Millisecond, _) => {
+                    each!(array.as_primitive::<TimestampMillisecondType>(), |v| {
+                        Value::from(v * 1_000)
+                    })
+                }
+                DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                    each!(
+                        array.as_primitive::<TimestampMicrosecondType>(),
+                        Value::from
+                    )
+                }
+                DataType::Timestamp(TimeUnit::Nanosecond, _) => {
+                    each!(array.as_primitive::<TimestampNanosecondType>(), |v| {
+                        Value::from(v.div_euclid(1_000))
+                    })
+                }
+                DataType::Boolean => each!(array.as_boolean(), Value::from),
+                DataType::Utf8 => each!(array.as_string::<i32>(), Value::from),
+                DataType::LargeUtf8 => each!(array.as_string::<i64>(), Value::from),
+                DataType::Utf8View => each!(array.as_string_view(), Value::from),
+                other => bail!("column {}: no canonical form for {other}", field.name()),
+            };
+            columns.push((field.name().clone(), values));
+        }
+        for r in 0..batch.num_rows() {
+            rows.push(Value::Object(
+                columns
+                    .iter()
+                    .map(|(name, values)| (name.clone(), values[r].clone()))
+                    .collect(),
+            ));
+        }
+    }
+    Ok(sort_rows(rows))
+}
+
+/// `rows` sorted by their JSON text: the order [`canonical_rows`] keeps.
+pub fn sort_rows(rows: Vec<Value>) -> Vec<Value> {
+    let mut keyed: Vec<(String, Value)> = rows.into_iter().map(|r| (r.to_string(), r)).collect();
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    keyed.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The canonical rows ([`canonical_rows`]) of JSON lines of the schema `ddl`, as a files sink
+/// writes them: decoded by Weir's JSON decoder, every line well-formed.
+pub fn json_rows(lines: &[String], ddl: &str) -> Result<Vec<Value>> {
+    use std::sync::Arc;
+    let schema = Arc::new(weir_host::spec::parse_schema(ddl).map_err(anyhow::Error::msg)?);
+    let options = weir_host::decode::DecoderOptions {
+        policy: weir_host::decode::MalformedPolicy::Fail,
+        ..weir_host::decode::DecoderOptions::default()
+    };
+    let mut decoder = weir_host::decode::Decoder::new(schema, options)?;
+    let mut decoded = weir_host::decode::Decoded::default();
+    let mut text = lines.join("\n");
+    text.push('\n');
+    decoder.decode(text.as_bytes(), "reference", &mut decoded)?;
+    ensure!(
+        decoded.num_malformed == 0 && decoded.num_input_rows == lines.len() as u64,
+        "{} of {} reference lines did not decode",
+        decoded.num_malformed,
+        lines.len()
+    );
+    canonical_rows(&decoded.batches)
+}
+
+/// Fails unless `got` and `want` (both sorted, as [`canonical_rows`] returns them) hold the
+/// same rows, naming the counts and the first rows only one side has.
+pub fn same_rows(got: &[Value], want: &[Value], what: &str) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    let key = |rows: &[Value]| -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for r in rows {
+            *m.entry(r.to_string()).or_insert(0) += 1;
+        }
+        m
+    };
+    let (g, w) = (key(got), key(want));
+    let only = |a: &std::collections::BTreeMap<String, usize>,
+                b: &std::collections::BTreeMap<String, usize>| {
+        a.iter()
+            .filter(|(r, n)| b.get(*r).is_none_or(|m| m < *n))
+            .map(|(r, n)| format!("  {n}x {r}"))
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    bail!(
+        "{what}: {} rows, {} expected\nfirst rows too many or unexpected:\n{}\nfirst rows missing:\n{}",
+        got.len(),
+        want.len(),
+        only(&g, &w),
+        only(&w, &g)
+    )
+}
+
+/// The ids of the committed batches of the checkpoint at `checkpoint`, ascending (none when
+/// the query never started), read through the checkpoint's own reader.
+pub fn commit_ids(checkpoint: &Path) -> Result<Vec<u64>> {
+    match CheckpointReader::open(checkpoint) {
+        Ok(reader) => Ok(reader.commits().ids()?),
+        Err(_) if !checkpoint.exists() => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The ids of the planned batches (`offsets`) of the checkpoint at `checkpoint`, ascending.
+pub fn offset_ids(checkpoint: &Path) -> Result<Vec<u64>> {
+    match CheckpointReader::open(checkpoint) {
+        Ok(reader) => Ok(reader.offsets().ids()?),
+        Err(_) if !checkpoint.exists() => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The write-ahead log entry of batch `n` (what it reads, its watermarks and timestamp).
+pub fn offset_entry(checkpoint: &Path, n: u64) -> Result<Value> {
+    CheckpointReader::open(checkpoint)?
+        .offsets()
+        .get(n)?
+        .with_context(|| format!("{} has no offsets/{n}", checkpoint.display()))
+}
+
+/// Every progress record of the checkpoint at `checkpoint`, oldest first.
+pub fn progress(checkpoint: &Path) -> Result<Vec<Value>> {
+    Ok(CheckpointReader::open(checkpoint)?.progress()?)
 }
 
 /// A decoded batch of `rows` generated orders (statuses normalised to lower case).
-pub fn orders_batch(rows: usize) -> Result<arrow_array::RecordBatch> {
+pub fn orders_batch(rows: usize) -> Result<RecordBatch> {
     use std::sync::Arc;
     let dir = tempfile::tempdir()?;
     weir_host::examples::write_orders(

@@ -102,12 +102,11 @@ fn the_demo_runs_end_to_end() -> Result<()> {
     assert!(stdout.contains("result:"), "{stdout}");
     // One progress line per batch on stderr, and records in the checkpoint.
     assert_eq!(stderr.matches("rows in").count(), 3, "{stderr}");
-    let progress = std::fs::read_to_string(dir.path().join("checkpoints/demo/progress.jsonl"))?;
-    assert_eq!(progress.lines().count(), 3);
+    let progress = weir_tests::progress(&dir.path().join("checkpoints/demo"))?;
+    assert_eq!(progress.len(), 3);
     // Spark's StreamingQueryProgress field names, so its dashboards read ours.
     let mut input_rows = 0;
-    for (i, line) in progress.lines().enumerate() {
-        let p: serde_json::Value = serde_json::from_str(line)?;
+    for (i, p) in progress.iter().enumerate() {
         for key in [
             "id",
             "runId",
@@ -323,5 +322,38 @@ fn validate_and_run_warn_when_state_can_only_grow() -> Result<()> {
             None => assert!(!stderr.contains("grows without bound"), "{stderr}"),
         }
     }
+    Ok(())
+}
+
+#[test]
+fn checkpoint_inspect_reads_the_logs_through_the_checkpoint() -> Result<()> {
+    let ws = Workspace::new(3, 50)?;
+    let file = ws.pipeline(
+        "inspect.toml",
+        &weir_tests::orders_pipeline("inspect", "drop", &weir_tests::files_sink("inspect")),
+    )?;
+    weir_tests::run_ok(EXE, &cache(), &file, &[])?;
+    let checkpoint = ws.path().join("checkpoints/inspect");
+    let dir = checkpoint.to_str().unwrap_or_default();
+    let out = weir(EXE, &cache(), &["checkpoint", "inspect", dir])?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    // Three files, one a batch: batches 0..=2 planned and committed.
+    assert!(stdout.contains("offsets: 3 entries (0..=2); latest 2: {"), "{stdout}");
+    assert!(stdout.contains("commits: 3 entries (0..=2); latest 2: {"), "{stdout}");
+    let id = weir_host::checkpoint::CheckpointReader::open(&checkpoint)?
+        .metadata()
+        .map(|m| m.id.clone())
+        .unwrap_or_default();
+    assert!(!id.is_empty() && stdout.contains(&id), "{stdout}");
+    assert!(stdout.contains("last progress: {"), "{stdout}");
+    assert!(stdout.contains("\"batchId\":2"), "{stdout}");
+
+    // A damaged entry is named, and nothing else is printed.
+    std::fs::write(checkpoint.join("commits/2"), "v1\n{\"nextBatchWat")?;
+    let out = weir(EXE, &cache(), &["checkpoint", "inspect", dir])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("commits/2"), "{stderr}");
     Ok(())
 }

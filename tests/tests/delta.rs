@@ -1,16 +1,22 @@
 //! Files → Weir → Delta Lake, end to end through the `weir` binary: one Delta commit per batch
-//! with its txn action, replays recognised and skipped, SIGKILL at every phase of a batch, and
-//! `commit_every`. Every table is read twice: by our own reader (`weir_host::source::delta`) and
-//! by an independent one, the Python `deltalake` package (`.ci/run` installs it; see
-//! [`weir_tests::delta::python`]).
+//! with its txn action, replays recognised and skipped, SIGKILL at every phase of the first
+//! batch (which creates the table) and of a later one, and `commit_every`. Every table is read
+//! twice: by our own reader (`weir_host::source::delta`) and by an independent one, the Python
+//! `deltalake` package (`.ci/run` installs it; see [`weir_tests::delta::python`]), and must hold
+//! an uninterrupted run's rows with every column; how many rows that run keeps is the data
+//! generator's count.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use weir_tests::delta::{commits, own_ids, py_read, txn_of};
-use weir_tests::{Workspace, log_ids, orders_pipeline, run_killed_at, run_ok, weir};
+use weir_host::failpoint::Phase;
+use weir_tests::delta::{commits, own_ids, own_rows, py_read, py_rows, txn_of};
+use weir_tests::{
+    SCHEMA, Workspace, commit_ids, files_sink, json_rows, orders_pipeline, run_killed_at, run_ok,
+    same_rows, sorted_output, weir,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -27,33 +33,75 @@ fn delta_sink(tag: &str, extra: &str) -> String {
     format!("[sink]\nkind = \"delta\"\npath = \"tables/{tag}\"\n{extra}")
 }
 
-/// The order ids an uninterrupted run keeps (completed orders), from a files sink.
-fn reference_ids(ws: &Workspace) -> Result<Vec<i64>> {
+/// What an uninterrupted run keeps (completed orders), from a files sink: every row whole, in
+/// the canonical form of [`weir_tests::canonical_rows`], and the order ids. How many rows that
+/// is comes from the generator, not from this run.
+struct Reference {
+    rows: Vec<Value>,
+    ids: Vec<i64>,
+}
+
+fn reference(ws: &Workspace) -> Result<Reference> {
     let file = ws.pipeline(
         "reference.toml",
-        &orders_pipeline(
-            "reference",
-            "drop",
-            "[sink]\nkind = \"files\"\npath = \"out/reference\"\nformat = \"json\"\n",
-        ),
+        &orders_pipeline("reference", "drop", &files_sink("reference")),
     )?;
     run_ok(EXE, &cache(), &file, &[])?;
-    let mut ids = Vec::new();
-    for entry in std::fs::read_dir(ws.path().join("out/reference"))? {
-        for line in std::fs::read_to_string(entry?.path())?.lines() {
-            let v: Value = serde_json::from_str(line)?;
-            ids.push(v["order_id"].as_i64().context("order_id")?);
-        }
-    }
+    let lines = sorted_output(&ws.path().join("out/reference"))?;
+    ensure!(
+        lines.len() as u64 == ws.orders.by_status[0],
+        "the reference holds {} rows, the generator wrote {} valid completed orders",
+        lines.len(),
+        ws.orders.by_status[0]
+    );
+    let rows = json_rows(&lines, SCHEMA)?;
+    let mut ids = rows
+        .iter()
+        .map(|r| r["order_id"].as_i64().context("order_id"))
+        .collect::<Result<Vec<i64>>>()?;
     ids.sort_unstable();
-    Ok(ids)
+    ensure!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "an order twice in the reference"
+    );
+    Ok(Reference { rows, ids })
+}
+
+/// Both readers find exactly the reference's rows, whole, in `table`; returns what the Python
+/// reader said (for its txn version and history).
+fn assert_rows(table: &Path, id: &str, reference: &Reference, what: &str) -> Result<Value> {
+    same_rows(
+        &own_rows(table)?,
+        &reference.rows,
+        &format!("{what}: own reader"),
+    )?;
+    let py = py_read(table, id, &[])?;
+    same_rows(
+        &py_rows(&py)?,
+        &reference.rows,
+        &format!("{what}: python reader"),
+    )?;
+    Ok(py)
+}
+
+/// The txn version of every commit after the first (`CREATE TABLE`, which has none); empty
+/// when the table does not exist.
+fn txn_versions(table: &Path) -> Result<Vec<Option<i64>>> {
+    let log = commits(table)?;
+    if let Some(create) = log.first() {
+        ensure!(
+            txn_of(create).is_none(),
+            "{}: the first commit has a txn",
+            table.display()
+        );
+    }
+    Ok(log.iter().skip(1).map(|c| txn_of(c).map(|t| t.1)).collect())
 }
 
 #[test]
 fn each_batch_is_one_streaming_update_commit_with_its_txn_and_python_reads_it() -> Result<()> {
     let ws = Workspace::new(3, 300)?;
-    let reference = reference_ids(&ws)?;
-    assert_eq!(reference.len() as u64, ws.orders.by_status[0]);
+    let reference = reference(&ws)?;
     let file = ws.pipeline(
         "q.toml",
         &orders_pipeline("q", "drop", &delta_sink("q", "")),
@@ -83,14 +131,10 @@ fn each_batch_is_one_streaming_update_commit_with_its_txn_and_python_reads_it() 
         assert!(actions.iter().any(|a| a.get("add").is_some()));
     }
 
-    assert_eq!(own_ids(&table, "order_id")?, reference);
-    let py = py_read(&table, &id, &["order_id"])?;
+    let py = assert_rows(&table, &id, &reference, "q")?;
     assert_eq!(py["version"], 3);
-    assert_eq!(py["rows"], reference.len());
+    assert_eq!(py["rows"], reference.rows.len());
     assert_eq!(py["txn"], 2);
-    let mut py_ids: Vec<i64> = serde_json::from_value(py["order_id"].clone())?;
-    py_ids.sort_unstable();
-    assert_eq!(py_ids, reference);
     assert_eq!(
         py["columns"],
         serde_json::json!([
@@ -132,60 +176,64 @@ fn each_batch_is_one_streaming_update_commit_with_its_txn_and_python_reads_it() 
 #[test]
 fn a_crash_at_any_phase_then_a_restart_loses_and_duplicates_nothing() -> Result<()> {
     let ws = Workspace::new(4, 200)?;
-    let reference = reference_ids(&ws)?;
-    for phase in ["after-offsets", "in-transform", "in-sink", "before-commit"] {
-        let file = ws.pipeline(
-            &format!("{phase}.toml"),
-            &orders_pipeline(phase, "drop", &delta_sink(phase, "")),
-        )?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
-        let checkpoint = ws.path().join("checkpoints").join(phase);
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        let table = ws.path().join("tables").join(phase);
-        let id = query_id(&checkpoint)?;
-        let before: Vec<Option<(String, i64)>> =
-            commits(&table)?.iter().map(|c| txn_of(c)).collect();
-        let expected_txns: Vec<i64> = if phase == "before-commit" {
-            vec![0, 1, 2]
-        } else {
-            vec![0, 1]
-        };
-        assert_eq!(
-            before[1..]
-                .iter()
-                .map(|t| t.as_ref().map(|t| t.1))
-                .collect::<Vec<_>>(),
-            expected_txns.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
-            "{phase}: Delta commits after the crash"
-        );
+    let reference = reference(&ws)?;
+    let all: Vec<u64> = (0..4).collect();
+    // Batch 0 creates the table (its first commit) and makes the first batch commit; batch 2
+    // appends to a table that has some.
+    for killed in [0u64, 2] {
+        for (phase, _) in Phase::ALL {
+            let tag = format!("{phase}-{killed}");
+            let file = ws.pipeline(
+                &format!("{tag}.toml"),
+                &orders_pipeline(&tag, "drop", &delta_sink(&tag, "")),
+            )?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = ws.path().join("checkpoints").join(&tag);
+            assert_eq!(commit_ids(&checkpoint)?, all[..killed as usize], "{tag}");
+            let table = ws.path().join("tables").join(&tag);
+            // Only a kill after the sink committed leaves the killed batch in the table.
+            let in_table = if phase == "before-commit" {
+                killed + 1
+            } else {
+                killed
+            };
+            assert_eq!(
+                txn_versions(&table)?,
+                (0..in_table as i64).map(Some).collect::<Vec<_>>(),
+                "{tag}: Delta commits after the crash"
+            );
+            // The table is created by the sink's first write: a kill before it leaves none,
+            // a kill in it leaves the bare table.
+            let created = !(killed == 0 && ["after-offsets", "in-transform"].contains(&phase));
+            assert_eq!(
+                table.join("_delta_log").exists(),
+                created,
+                "{tag}: the table after the crash"
+            );
 
-        run_ok(EXE, &cache(), &file, &[])?;
-        assert_eq!(
-            log_ids(&checkpoint.join("commits"))?,
-            vec![0, 1, 2, 3],
-            "{phase}"
-        );
-        let log = commits(&table)?;
-        let txns: Vec<i64> = log[1..]
-            .iter()
-            .filter_map(|c| txn_of(c))
-            .map(|t| t.1)
-            .collect();
-        assert_eq!(
-            txns,
-            vec![0, 1, 2, 3],
-            "{phase}: one commit per batch, the replay skipped or redone once"
-        );
-        assert_eq!(
-            own_ids(&table, "order_id")?,
-            reference,
-            "{phase}: own reader"
-        );
-        let py = py_read(&table, &id, &["order_id"])?;
-        let mut py_ids: Vec<i64> = serde_json::from_value(py["order_id"].clone())?;
-        py_ids.sort_unstable();
-        assert_eq!(py_ids, reference, "{phase}: python reader");
-        assert_eq!(py["txn"], 3, "{phase}");
+            let out = run_ok(EXE, &cache(), &file, &[])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                stderr.contains(&format!(
+                    "batch {killed} is already in the Delta table: skipped"
+                )),
+                phase == "before-commit",
+                "{tag}: {stderr}"
+            );
+            assert_eq!(commit_ids(&checkpoint)?, all, "{tag}");
+            assert_eq!(
+                txn_versions(&table)?,
+                all.iter().map(|b| Some(*b as i64)).collect::<Vec<_>>(),
+                "{tag}: one commit per batch, the replay skipped or redone once"
+            );
+            let id = query_id(&checkpoint)?;
+            let py = assert_rows(&table, &id, &reference, &tag)?;
+            assert_eq!(py["txn"], 3, "{tag}");
+            assert_eq!(
+                py["version"], 4,
+                "{tag}: the create commit and one per batch"
+            );
+        }
     }
     Ok(())
 }
@@ -193,7 +241,7 @@ fn a_crash_at_any_phase_then_a_restart_loses_and_duplicates_nothing() -> Result<
 #[test]
 fn commit_every_groups_batches_and_stays_exactly_once_across_crashes() -> Result<()> {
     let ws = Workspace::new(5, 150)?;
-    let reference = reference_ids(&ws)?;
+    let reference = reference(&ws)?;
     let sink = |tag: &str| delta_sink(tag, "commit_every = 2\ntarget_file_size = \"1 MiB\"\n");
 
     // Uninterrupted: batches 0..4 in commits for batches 1 and 3, then the stop commits 4.
@@ -209,7 +257,8 @@ fn commit_every_groups_batches_and_stays_exactly_once_across_crashes() -> Result
         .map(|t| t.1)
         .collect();
     assert_eq!(txns, vec![1, 3, 4]);
-    assert_eq!(own_ids(&table, "order_id")?, reference);
+    let id = query_id(&ws.path().join("checkpoints/grouped"))?;
+    assert_rows(&table, &id, &reference, "grouped")?;
     let pending = ws.path().join("checkpoints/grouped/sinks/delta/pending");
     assert_eq!(
         std::fs::read_dir(&pending)?.count(),
@@ -217,9 +266,15 @@ fn commit_every_groups_batches_and_stays_exactly_once_across_crashes() -> Result
         "nothing left pending"
     );
 
-    // Killed while batch 2 is pending (written, listed, commits/2 missing), and while batch 3
-    // (the committing one) has written its files but not committed them.
-    for (tag, failpoint) in [("pend", "before-commit@2"), ("commit", "in-sink@3")] {
+    // Killed while batch 0 (which created the table) or batch 2 is pending (written, listed,
+    // its commits/N missing), before batch 0 ran, and while batch 3 (the committing one) has
+    // written its files but not committed them.
+    for (tag, failpoint) in [
+        ("first", "after-offsets@0"),
+        ("pend0", "before-commit@0"),
+        ("pend", "before-commit@2"),
+        ("commit", "in-sink@3"),
+    ] {
         let file = ws.pipeline(
             &format!("{tag}.toml"),
             &orders_pipeline(tag, "drop", &sink(tag)),
@@ -233,12 +288,8 @@ fn commit_every_groups_batches_and_stays_exactly_once_across_crashes() -> Result
             .map(|t| t.1)
             .collect();
         assert_eq!(txns, vec![1, 3, 4], "{tag}");
-        assert_eq!(own_ids(&table, "order_id")?, reference, "{tag}: own reader");
         let id = query_id(&ws.path().join("checkpoints").join(tag))?;
-        let py = py_read(&table, &id, &["order_id"])?;
-        let mut py_ids: Vec<i64> = serde_json::from_value(py["order_id"].clone())?;
-        py_ids.sort_unstable();
-        assert_eq!(py_ids, reference, "{tag}: python reader");
+        assert_rows(&table, &id, &reference, tag)?;
     }
     Ok(())
 }
@@ -338,7 +389,7 @@ const KEEP_COMPLETED: &str = "[[transform]]\nname = \"keep_completed\"\nplugin =
 #[test]
 fn bronze_silver_gold_chain_through_delta_tables() -> Result<()> {
     let ws = Workspace::new(3, 200)?;
-    let reference = reference_ids(&ws)?;
+    let reference = reference(&ws)?;
     // Bronze: every valid order, statuses normalised.
     let bronze = orders_pipeline("bronze", "drop", &delta_sink("bronze", "")).replace(
         "op = \"eq\", value = \"completed\"",
@@ -358,10 +409,13 @@ fn bronze_silver_gold_chain_through_delta_tables() -> Result<()> {
         ),
     )?;
     run_ok(EXE, &cache(), &silver, &[])?;
-    assert_eq!(
-        own_ids(&ws.path().join("tables/silver"), "order_id")?,
-        reference
-    );
+    let silver_id = query_id(&ws.path().join("checkpoints/silver"))?;
+    assert_rows(
+        &ws.path().join("tables/silver"),
+        &silver_id,
+        &reference,
+        "silver",
+    )?;
     let silver_commits = commits(&ws.path().join("tables/silver"))?;
     assert_eq!(
         silver_commits.len(),
@@ -389,7 +443,7 @@ fn bronze_silver_gold_chain_through_delta_tables() -> Result<()> {
     let id = query_id(&ws.path().join("checkpoints/gold"))?;
     let py = py_read(&ws.path().join("tables/gold"), &id, &["status", "orders"])?;
     assert_eq!(py["status"], serde_json::json!(["completed"]));
-    assert_eq!(py["orders"], serde_json::json!([reference.len()]));
+    assert_eq!(py["orders"], serde_json::json!([reference.ids.len()]));
 
     // New data flows through: one more file into bronze, then silver and gold again.
     let more = tempfile::tempdir()?;
@@ -412,7 +466,7 @@ fn bronze_silver_gold_chain_through_delta_tables() -> Result<()> {
     let silver_ids = own_ids(&ws.path().join("tables/silver"), "order_id")?;
     assert_eq!(
         silver_ids.len(),
-        reference.len() + extra.by_status[0] as usize
+        reference.ids.len() + extra.by_status[0] as usize
     );
     // (The late file's order ids restart at 1, so ids are not unique: count rows.)
     let py = py_read(&ws.path().join("tables/gold"), &id, &["orders"])?;

@@ -1,8 +1,10 @@
 //! Files → Weir → MERGE into a Delta table, end to end through the `weir` binary: upserts with
 //! the seeds' condition (older rows never overwrite newer ones), duplicate keys refused with
 //! Delta's words or reduced by `dedup = "latest-by:..."`, and a SIGKILL before and after the
-//! Delta commit of a batch, which must neither lose nor re-apply it. Every table is read by our
-//! own reader and by the independent Python `deltalake` package, as `tests/delta.rs` does.
+//! Delta commit of the first batch (which creates the table) and of a later one, which must
+//! neither lose nor re-apply it: the table then holds an uninterrupted run's rows, every column.
+//! Every table is read by our own reader and by the independent Python `deltalake` package, as
+//! `tests/delta.rs` does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +13,8 @@ use anyhow::{Context, Result, ensure};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use serde_json::Value;
-use weir_tests::{log_ids, run_killed_at, run_ok, weir};
+use weir_tests::delta::{own_rows, py_rows};
+use weir_tests::{commit_ids, run_killed_at, run_ok, same_rows, weir};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -39,8 +42,13 @@ fn py_read(table: &Path, app_id: &str) -> Result<Value> {
     weir_tests::delta::py_json(PY_READER, table, &[app_id])
 }
 
+/// The table by the shared Python reader, with every row whole ([`py_rows`]).
+fn py_read_all(table: &Path, app_id: &str) -> Result<Value> {
+    weir_tests::delta::py_read(table, app_id, &[])
+}
+
 /// The table by our own reader: order_id → status.
-fn own_rows(table: &Path) -> Result<BTreeMap<i64, String>> {
+fn own_statuses(table: &Path) -> Result<BTreeMap<i64, String>> {
     let (_, batches) = weir_host::source::delta::read_table(table)?;
     let mut out = BTreeMap::new();
     for b in &batches {
@@ -172,7 +180,7 @@ fn upserts_with_the_condition_keep_the_newest_row_and_python_reads_one_merge_per
     let file = pipeline(dir.path(), "q", CONDITION)?;
     run_ok(EXE, &cache(), &file, &[])?;
     let table = dir.path().join("tables/q");
-    assert_eq!(own_rows(&table)?, expected());
+    assert_eq!(own_statuses(&table)?, expected());
     let id = query_id(&dir.path().join("checkpoints/q"))?;
     let py = py_read(&table, &id)?;
     assert_eq!(py["rows"], python_expected());
@@ -228,7 +236,7 @@ fn duplicate_keys_are_refused_with_delta_s_error_or_reduced_to_the_latest() -> R
         "{stderr}"
     );
     assert_eq!(
-        log_ids(&dir.path().join("checkpoints/refused/commits"))?,
+        commit_ids(&dir.path().join("checkpoints/refused"))?,
         Vec::<u64>::new()
     );
 
@@ -239,7 +247,7 @@ fn duplicate_keys_are_refused_with_delta_s_error_or_reduced_to_the_latest() -> R
     )?;
     run_ok(EXE, &cache(), &latest, &[])?;
     let table = dir.path().join("tables/latest");
-    let rows = own_rows(&table)?;
+    let rows = own_statuses(&table)?;
     assert_eq!(rows.get(&7).map(String::as_str), Some("paid"));
     assert_eq!(rows.get(&8).map(String::as_str), Some("new"));
     let py = py_read(&table, &query_id(&dir.path().join("checkpoints/latest"))?)?;
@@ -252,39 +260,78 @@ fn duplicate_keys_are_refused_with_delta_s_error_or_reduced_to_the_latest() -> R
 
 #[test]
 fn a_kill_before_or_after_the_delta_commit_neither_loses_nor_reapplies_the_batch() -> Result<()> {
-    for phase in ["in-sink", "before-commit"] {
-        let dir = tempfile::tempdir()?;
-        // Applying batch 1 twice would show as a fourth MERGE in the table's history.
-        write_batches(dir.path(), &UPSERTS)?;
-        let file = pipeline(dir.path(), phase, CONDITION)?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@1"))?;
-        let checkpoint = dir.path().join("checkpoints").join(phase);
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0], "{phase}");
-        let table = dir.path().join("tables").join(phase);
-        let id = query_id(&checkpoint)?;
-        let txn = &py_read(&table, &id)?["txn"];
-        match phase {
-            // Killed before the commit: the table holds batch 0 only.
-            "in-sink" => assert_eq!(txn, 0, "{phase}"),
-            // Killed after it: the table holds batch 1, the checkpoint does not know.
-            _ => assert_eq!(txn, 1, "{phase}"),
-        }
-        let out = run_ok(EXE, &cache(), &file, &[])?;
-        assert_eq!(own_rows(&table)?, expected(), "{phase}");
-        let py = py_read(&table, &id)?;
-        assert_eq!(py["rows"], python_expected(), "{phase}");
-        assert_eq!(
-            py["operations"],
-            serde_json::json!(["CREATE TABLE", "MERGE", "MERGE", "MERGE"]),
-            "{phase}: one MERGE per batch"
-        );
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1, 2]);
-        if phase == "before-commit" {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                stderr.contains("already merged into the Delta table: skipped"),
-                "{stderr}"
+    // The uninterrupted run: its rows, whole, by both readers, are what every killed and
+    // restarted run must hold; how many there are is the model's (`expected`), not its own.
+    let dir = tempfile::tempdir()?;
+    write_batches(dir.path(), &UPSERTS)?;
+    let file = pipeline(dir.path(), "reference", CONDITION)?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    let table = dir.path().join("tables/reference");
+    let id = query_id(&dir.path().join("checkpoints/reference"))?;
+    let own_reference = own_rows(&table)?;
+    assert_eq!(own_reference.len(), expected().len());
+    let py_reference = py_rows(&py_read_all(&table, &id)?)?;
+    same_rows(
+        &py_reference,
+        &own_reference,
+        "the readers of the reference",
+    )?;
+
+    // Batch 0 creates the table (CREATE TABLE, then its MERGE), batch 1 merges into it.
+    for killed in [0u64, 1] {
+        for phase in ["in-sink", "before-commit"] {
+            let tag = format!("{phase}-{killed}");
+            let dir = tempfile::tempdir()?;
+            // Applying the batch twice would show as a fourth MERGE in the table's history.
+            write_batches(dir.path(), &UPSERTS)?;
+            let file = pipeline(dir.path(), &tag, CONDITION)?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = dir.path().join("checkpoints").join(&tag);
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..killed).collect::<Vec<_>>(),
+                "{tag}"
             );
+            let table = dir.path().join("tables").join(&tag);
+            let id = query_id(&checkpoint)?;
+            let txn = &py_read(&table, &id)?["txn"];
+            // Killed before the commit: the table holds the batches before the killed one (the
+            // bare table for batch 0); killed after it: the killed batch too, which the
+            // checkpoint does not know.
+            let want = match phase {
+                "in-sink" => killed.checked_sub(1),
+                _ => Some(killed),
+            };
+            assert_eq!(txn, &serde_json::json!(want), "{tag}");
+            let out = run_ok(EXE, &cache(), &file, &[])?;
+            assert_eq!(own_statuses(&table)?, expected(), "{tag}");
+            same_rows(
+                &own_rows(&table)?,
+                &own_reference,
+                &format!("{tag}: own reader"),
+            )?;
+            let py = py_read(&table, &id)?;
+            assert_eq!(py["rows"], python_expected(), "{tag}");
+            same_rows(
+                &py_rows(&py_read_all(&table, &id)?)?,
+                &py_reference,
+                &format!("{tag}: python reader"),
+            )?;
+            assert_eq!(
+                py["operations"],
+                serde_json::json!(["CREATE TABLE", "MERGE", "MERGE", "MERGE"]),
+                "{tag}: one MERGE per batch"
+            );
+            assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
+            if phase == "before-commit" {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    stderr.contains(&format!(
+                        "batch {killed} is already merged into the Delta table: skipped"
+                    )),
+                    "{tag}: {stderr}"
+                );
+            }
         }
     }
     Ok(())
@@ -335,18 +382,18 @@ fn a_wasm_sink_merges_into_granted_tables_exactly_once_across_a_kill() -> Result
     // Killed after batch 1 was merged into both tables, before its commits/1.
     run_killed_at(EXE, &cache(), &file, "before-commit@1")?;
     let checkpoint = dir.path().join("checkpoints/wasm");
-    assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0]);
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
     let out = run_ok(EXE, &cache(), &file, &[])?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("merge_sink: batch 1 into orders: 0 updated, 0 inserted (already merged)"),
         "{stderr}"
     );
-    assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1, 2]);
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
 
     let id = query_id(&checkpoint)?;
     let orders = dir.path().join("tables/orders");
-    assert_eq!(own_rows(&orders)?, expected());
+    assert_eq!(own_statuses(&orders)?, expected());
     let py = py_read(&orders, &format!("{id}/orders"))?;
     assert_eq!(py["rows"], python_expected());
     assert_eq!(py["txn"], 2);

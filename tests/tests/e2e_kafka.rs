@@ -1,13 +1,15 @@
 //! Kafka → Weir → Delta and Kafka → Weir → Kafka, end to end through the `weir` binary: JSON
 //! orders (some malformed) on a 4-partition topic, a Wasm transform, and the process killed
-//! with SIGKILL at every phase of a batch ([`Phase::ALL`]), then restarted. Every valid input
-//! row must come out exactly once.
+//! with SIGKILL at every phase of a batch ([`Phase::ALL`]), in the first batch (which creates
+//! the Delta table, or opens the first Kafka transaction) and in a later one, then restarted.
+//! Every valid input row must come out exactly once, whole.
 //!
 //! The reference is an uninterrupted run of the same source into a files sink, which writes
 //! one file per batch: it says which rows each batch holds, so the output is checked batch by
-//! batch, not only as a whole. Delta tables are read by our own reader and by the Python
-//! `deltalake` package; the Delta log must hold one commit per batch whose txn version is the
-//! batch id, none twice.
+//! batch, not only as a whole; how many rows it holds is checked against what the generator
+//! wrote. Delta tables are read by our own reader and by the Python `deltalake` package, and
+//! must hold the reference's rows with every column; the Delta log must hold one commit per
+//! batch whose txn version is the batch id, none twice.
 //!
 //! The brokers: librdkafka's mock cluster (in this process, over TCP), and tansu as its own
 //! process (the `_on_tansu` test; see [`weir_tests::tansu`]). What neither lets us test, and
@@ -32,14 +34,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use weir_host::failpoint::Phase;
-use weir_tests::delta::{commits, own_ids, py_read, txn_of};
+use weir_tests::delta::{commits, own_rows, py_read, py_rows, txn_of};
 use weir_tests::kafka::{Broker, order_lines};
-use weir_tests::{SCHEMA, Workspace, log_ids, run_killed_at, run_ok};
+use weir_tests::{
+    SCHEMA, Workspace, commit_ids, json_rows, offset_ids, run_killed_at, run_ok, same_rows,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 const PARTITIONS: i32 = 4;
-/// The batch every run is killed in: two batches committed before it, more after it.
-const KILLED: u64 = 2;
+/// The batches runs are killed in: the first one, and one with two batches committed before
+/// it and more after it.
+const KILLED: [u64; 2] = [0, 2];
 
 fn cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
@@ -85,8 +90,8 @@ struct Reference {
     batch_of: HashMap<String, u64>,
     /// Rows per batch, in batch order.
     rows: BTreeMap<u64, Vec<String>>,
-    /// Order ids, sorted.
-    ids: Vec<i64>,
+    /// Every row whole, in the canonical form of [`weir_tests::canonical_rows`].
+    canonical: Vec<Value>,
 }
 
 impl Reference {
@@ -131,30 +136,41 @@ fn setup(broker: Broker) -> Result<Setup> {
     let mut reference = Reference {
         batch_of: HashMap::new(),
         rows: BTreeMap::new(),
-        ids: Vec::new(),
+        canonical: Vec::new(),
     };
-    for b in log_ids(&ws.path().join("checkpoints/reference/commits"))? {
+    let mut all = Vec::new();
+    for b in commit_ids(&ws.path().join("checkpoints/reference"))? {
         let path = ws.path().join(format!("out/reference/batch-{b:020}.json"));
         let rows = weir_tests::lines(&path)?;
         for row in &rows {
-            let v: Value = serde_json::from_str(row)?;
-            reference
-                .ids
-                .push(v["order_id"].as_i64().context("order_id")?);
             ensure!(
                 reference.batch_of.insert(row.clone(), b).is_none(),
                 "row twice in the reference: {row}"
             );
         }
+        all.extend(rows.iter().cloned());
         reference.rows.insert(b, rows);
     }
-    reference.ids.sort_unstable();
+    // The count is the generator's, not the reference run's: every valid order (the seals
+    // tansu needs are not JSON and dropped), each once.
     ensure!(
-        reference.ids.len() as u64 == ws.orders.lines - ws.orders.malformed,
-        "the reference holds every valid order once"
+        all.len() as u64 == ws.orders.lines - ws.orders.malformed,
+        "the reference holds {} rows, the generator wrote {} valid orders",
+        all.len(),
+        ws.orders.lines - ws.orders.malformed
     );
+    reference.canonical = json_rows(&all, SCHEMA)?;
+    let mut ids = reference
+        .canonical
+        .iter()
+        .map(|r| r["order_id"].as_i64().context("order_id"))
+        .collect::<Result<Vec<i64>>>()?;
+    ids.sort_unstable();
+    ids.dedup();
+    ensure!(ids.len() == all.len(), "an order twice in the reference");
+    let last = KILLED.iter().max().copied().unwrap_or_default();
     ensure!(
-        reference.rows.len() as u64 > KILLED + 1,
+        reference.rows.len() as u64 > last + 1,
         "batches: {:?}",
         reference.batches()
     );
@@ -172,11 +188,8 @@ fn query_id(checkpoint: &Path) -> Result<String> {
 
 /// The last `offsets/N` of the checkpoint holds the log end of every input partition.
 fn assert_offsets_reach_the_end(s: &Setup, checkpoint: &Path, what: &str) -> Result<()> {
-    let last = *log_ids(&checkpoint.join("offsets"))?
-        .last()
-        .context("no offsets")?;
-    let entry = std::fs::read_to_string(checkpoint.join("offsets").join(last.to_string()))?;
-    let json: Value = serde_json::from_str(entry.lines().nth(1).unwrap_or("null"))?;
+    let last = *offset_ids(checkpoint)?.last().context("no offsets")?;
+    let json: Value = weir_tests::offset_entry(checkpoint, last)?;
     let ends = &json["sources"][0]["kafka"]["orders"];
     for p in 0..PARTITIONS {
         let (_, high) = s.broker.watermarks("orders", p)?;
@@ -201,81 +214,95 @@ fn rows_in(actions: &[Value]) -> Result<u64> {
 
 fn kafka_to_delta(s: &Setup) -> Result<()> {
     let batches = s.reference.batches();
-    for phase in phases() {
-        let file = s.ws.pipeline(
-            &format!("delta-{phase}.toml"),
-            &pipeline(
-                phase,
-                &s.broker.bootstrap(),
-                &format!("[sink]\nkind = \"delta\"\npath = \"tables/{phase}\"\n"),
-            ),
-        )?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@{KILLED}"))?;
-        let checkpoint = s.ws.path().join("checkpoints").join(phase);
-        assert_eq!(
-            log_ids(&checkpoint.join("offsets"))?,
-            vec![0, 1, 2],
-            "{phase}"
-        );
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        let table = s.ws.path().join("tables").join(phase);
-        let id = query_id(&checkpoint)?;
-        let txns = |log: &[Vec<Value>]| -> Vec<Option<(String, i64)>> {
-            log[1..].iter().map(|c| txn_of(c)).collect()
-        };
-        // Only a kill after the sink committed leaves batch 2 in the table.
-        let in_table: Vec<u64> = if phase == "before-commit" {
-            vec![0, 1, 2]
-        } else {
-            vec![0, 1]
-        };
-        assert_eq!(
-            txns(&commits(&table)?),
-            in_table
-                .iter()
-                .map(|b| Some((id.clone(), *b as i64)))
-                .collect::<Vec<_>>(),
-            "{phase}: Delta commits after the kill"
-        );
-
-        let out = run_ok(EXE, &cache(), &file, &[])?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let skipped = stderr.contains("batch 2 is already in the Delta table: skipped");
-        assert_eq!(skipped, phase == "before-commit", "{phase}: {stderr}");
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, batches, "{phase}");
-        assert_offsets_reach_the_end(s, &checkpoint, phase)?;
-
-        // One commit per batch, txn version = batch id, each with exactly the batch's rows.
-        let log = commits(&table)?;
-        assert_eq!(
-            txns(&log),
-            batches
-                .iter()
-                .map(|b| Some((id.clone(), *b as i64)))
-                .collect::<Vec<_>>(),
-            "{phase}: one commit per batch"
-        );
-        for (b, actions) in batches.iter().zip(&log[1..]) {
+    for killed in KILLED {
+        for phase in phases() {
+            let tag = format!("{phase}-{killed}");
+            let file = s.ws.pipeline(
+                &format!("delta-{tag}.toml"),
+                &pipeline(
+                    &tag,
+                    &s.broker.bootstrap(),
+                    &format!("[sink]\nkind = \"delta\"\npath = \"tables/{tag}\"\n"),
+                ),
+            )?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = s.ws.path().join("checkpoints").join(&tag);
             assert_eq!(
-                rows_in(actions)? as usize,
-                s.reference.rows[b].len(),
-                "{phase}: rows of batch {b}"
+                offset_ids(&checkpoint)?,
+                (0..=killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            let table = s.ws.path().join("tables").join(&tag);
+            let id = query_id(&checkpoint)?;
+            // Every commit after the first (CREATE TABLE; no commit at all when the kill came
+            // before the sink's first write), with its txn.
+            let txns = |log: &[Vec<Value>]| -> Vec<Option<(String, i64)>> {
+                log.iter().skip(1).map(|c| txn_of(c)).collect()
+            };
+            // Only a kill after the sink committed leaves the killed batch in the table.
+            let in_table: Vec<u64> = if phase == "before-commit" {
+                (0..=killed).collect()
+            } else {
+                (0..killed).collect()
+            };
+            assert_eq!(
+                txns(&commits(&table)?),
+                in_table
+                    .iter()
+                    .map(|b| Some((id.clone(), *b as i64)))
+                    .collect::<Vec<_>>(),
+                "{tag}: Delta commits after the kill"
+            );
+
+            let out = run_ok(EXE, &cache(), &file, &[])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let skipped = stderr.contains(&format!(
+                "batch {killed} is already in the Delta table: skipped"
+            ));
+            assert_eq!(skipped, phase == "before-commit", "{tag}: {stderr}");
+            assert_eq!(commit_ids(&checkpoint)?, batches, "{tag}");
+            assert_offsets_reach_the_end(s, &checkpoint, &tag)?;
+
+            // One commit per batch, txn version = batch id, each with exactly the batch's rows.
+            let log = commits(&table)?;
+            assert_eq!(
+                txns(&log),
+                batches
+                    .iter()
+                    .map(|b| Some((id.clone(), *b as i64)))
+                    .collect::<Vec<_>>(),
+                "{tag}: one commit per batch"
+            );
+            for (b, actions) in batches.iter().zip(log.iter().skip(1)) {
+                assert_eq!(
+                    rows_in(actions)? as usize,
+                    s.reference.rows[b].len(),
+                    "{tag}: rows of batch {b}"
+                );
+            }
+            // And the rows themselves, every column, by both readers.
+            same_rows(
+                &own_rows(&table)?,
+                &s.reference.canonical,
+                &format!("{tag}: own reader"),
+            )?;
+            let py = py_read(&table, &id, &[])?;
+            same_rows(
+                &py_rows(&py)?,
+                &s.reference.canonical,
+                &format!("{tag}: python reader"),
+            )?;
+            assert_eq!(
+                py["txn"],
+                serde_json::json!(batches.last()),
+                "{tag}: python txn version"
             );
         }
-        assert_eq!(
-            own_ids(&table, "order_id")?,
-            s.reference.ids,
-            "{phase}: own reader"
-        );
-        let py = py_read(&table, &id, &["order_id"])?;
-        let mut py_ids: Vec<i64> = serde_json::from_value(py["order_id"].clone())?;
-        py_ids.sort_unstable();
-        assert_eq!(py_ids, s.reference.ids, "{phase}: python reader");
-        assert_eq!(
-            py["txn"],
-            serde_json::json!(batches.last()),
-            "{phase}: python txn version"
-        );
     }
     Ok(())
 }
@@ -341,61 +368,67 @@ fn kafka_to_kafka(s: &Setup) -> Result<()> {
     for rows in expected.values_mut() {
         rows.sort();
     }
-    for phase in phases() {
-        let topic = format!("out-{phase}");
-        s.broker.create_topic(&topic, 2)?;
-        let sink = format!(
-            "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{topic}\"\ndelivery = \"exactly-once\"\n",
-            s.broker.bootstrap()
-        );
-        let tag = format!("kafka-{phase}");
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(&tag, &s.broker.bootstrap(), &sink),
-        )?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@{KILLED}"))?;
-        let checkpoint = s.ws.path().join("checkpoints").join(&tag);
-        let id = query_id(&checkpoint)?;
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        let before = read_output(s, &topic, &id, phase)?;
-        // Only a kill after the transaction committed leaves batch 2's marker.
-        let marked: Vec<u64> = if phase == "before-commit" {
-            vec![0, 1, 2]
-        } else {
-            vec![0, 1]
-        };
-        assert_eq!(
-            before.markers,
-            markers(&id, &marked),
-            "{phase}: after the kill"
-        );
-
-        let out = run_ok(EXE, &cache(), &file, &[])?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let skipped = stderr.contains("batch 2 is already in the topic");
-        assert_eq!(skipped, phase == "before-commit", "{phase}: {stderr}");
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, batches, "{phase}");
-        assert_offsets_reach_the_end(s, &checkpoint, phase)?;
-
-        let after = read_output(s, &topic, &id, phase)?;
-        assert_eq!(
-            after.markers,
-            markers(&id, &batches),
-            "{phase}: one marker per batch id, never two"
-        );
-        for b in &batches {
-            let got = after.rows.get(b).cloned().unwrap_or_default();
-            if phase == "in-sink" && *b == KILLED {
-                // The kill came after the rows were flushed, before the marker: the aborted
-                // attempt stays visible on these brokers, so every row of the batch is there
-                // twice, and nothing that is not the batch's.
-                let twice: Vec<String> = expected[b]
-                    .iter()
-                    .flat_map(|r| [r.clone(), r.clone()])
-                    .collect();
-                assert_eq!(got, twice, "{phase}: rows of batch {b}");
+    for killed in KILLED {
+        for phase in phases() {
+            let tag = format!("kafka-{phase}-{killed}");
+            let topic = format!("out-{phase}-{killed}");
+            s.broker.create_topic(&topic, 2)?;
+            let sink = format!(
+                "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{topic}\"\ndelivery = \"exactly-once\"\n",
+                s.broker.bootstrap()
+            );
+            let file = s.ws.pipeline(
+                &format!("{tag}.toml"),
+                &pipeline(&tag, &s.broker.bootstrap(), &sink),
+            )?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = s.ws.path().join("checkpoints").join(&tag);
+            let id = query_id(&checkpoint)?;
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            let before = read_output(s, &topic, &id, &tag)?;
+            // Only a kill after the transaction committed leaves the killed batch's marker.
+            let marked: Vec<u64> = if phase == "before-commit" {
+                (0..=killed).collect()
             } else {
-                assert_eq!(got, expected[b], "{phase}: rows of batch {b}");
+                (0..killed).collect()
+            };
+            assert_eq!(
+                before.markers,
+                markers(&id, &marked),
+                "{tag}: after the kill"
+            );
+
+            let out = run_ok(EXE, &cache(), &file, &[])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let skipped = stderr.contains(&format!("batch {killed} is already in the topic"));
+            assert_eq!(skipped, phase == "before-commit", "{tag}: {stderr}");
+            assert_eq!(commit_ids(&checkpoint)?, batches, "{tag}");
+            assert_offsets_reach_the_end(s, &checkpoint, &tag)?;
+
+            let after = read_output(s, &topic, &id, &tag)?;
+            assert_eq!(
+                after.markers,
+                markers(&id, &batches),
+                "{tag}: one marker per batch id, never two"
+            );
+            for b in &batches {
+                let got = after.rows.get(b).cloned().unwrap_or_default();
+                if phase == "in-sink" && *b == killed {
+                    // The kill came after the rows were flushed, before the marker: the
+                    // aborted attempt stays visible on these brokers, so every row of the
+                    // batch is there twice, and nothing that is not the batch's.
+                    let twice: Vec<String> = expected[b]
+                        .iter()
+                        .flat_map(|r| [r.clone(), r.clone()])
+                        .collect();
+                    assert_eq!(got, twice, "{tag}: rows of batch {b}");
+                } else {
+                    assert_eq!(got, expected[b], "{tag}: rows of batch {b}");
+                }
             }
         }
     }

@@ -1,13 +1,16 @@
 //! Exactly-once under crashes: the `weir` process is killed with SIGKILL at
-//! each phase of a batch, restarted, and must leave exactly the output of an
-//! uninterrupted run: no row lost, none duplicated.
+//! each phase of the first batch and of a later one, restarted, and must leave
+//! exactly the output of an uninterrupted run: no row lost, none duplicated,
+//! every row whole. The uninterrupted run's row count is the generator's.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use weir_host::failpoint::Phase;
 use weir_tests::{
-    Workspace, jsonl_plugin_sink, lines, log_ids, orders_pipeline, run_killed_at, run_ok, weir,
+    Workspace, commit_ids, jsonl_plugin_sink, lines, offset_ids, orders_pipeline, run_killed_at,
+    run_ok, weir,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -36,48 +39,63 @@ fn a_crash_at_any_phase_of_a_batch_loses_and_duplicates_nothing() -> Result<()> 
             .all(|l| l.contains(r#""status":"completed""#))
     );
 
-    for phase in ["after-offsets", "in-transform", "in-sink", "before-commit"] {
-        let tag = phase;
-        let out_dir = ws.path().join("out").join(tag);
-        std::fs::create_dir_all(&out_dir)?;
-        let file = ws.pipeline(
-            &format!("{tag}.toml"),
-            &orders_pipeline(tag, "permissive", &jsonl_plugin_sink(tag)),
-        )?;
-        let failpoint = format!("{phase}@2");
-        run_killed_at(EXE, &cache(), &file, &failpoint)?;
-        let checkpoint = ws.path().join("checkpoints").join(tag);
-        assert_eq!(
-            log_ids(&checkpoint.join("offsets"))?,
-            vec![0, 1, 2],
-            "{phase}"
-        );
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        let partial = lines(&out_dir.join("orders.jsonl"))?;
-        assert!(
-            partial.len() < reference.len() && reference.starts_with(&partial),
-            "{phase}: the output after the crash must be a prefix of the full output"
-        );
-        if phase == "in-sink" {
-            // The sink was killed half-way through writing batch 2: some of
-            // its rows are on disk, beyond what batches 0 and 1 wrote.
-            let sidecar = std::fs::read_to_string(out_dir.join("orders.jsonl.batches"))?;
-            assert!(sidecar.contains('1'), "sidecar after batch 1: {sidecar}");
-        }
+    // Batch 0 (the sink's first write, nothing before it) and batch 2 (after two).
+    for killed in [0u64, 2] {
+        for (phase, _) in Phase::ALL {
+            let tag = format!("{phase}-{killed}");
+            let out_dir = ws.path().join("out").join(&tag);
+            std::fs::create_dir_all(&out_dir)?;
+            let file = ws.pipeline(
+                &format!("{tag}.toml"),
+                &orders_pipeline(&tag, "permissive", &jsonl_plugin_sink(&tag)),
+            )?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = ws.path().join("checkpoints").join(&tag);
+            assert_eq!(
+                offset_ids(&checkpoint)?,
+                (0..=killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            let partial = lines(&out_dir.join("orders.jsonl"))?;
+            assert!(
+                partial.len() < reference.len() && reference.starts_with(&partial),
+                "{tag}: the output after the crash must be a prefix of the full output"
+            );
+            let sidecar = out_dir.join("orders.jsonl.batches");
+            if phase == "in-sink" {
+                // The sink was killed half-way through writing the batch: the sidecar names
+                // the batch before it (none for batch 0).
+                if killed == 0 {
+                    assert!(!sidecar.exists(), "{tag}: a sidecar before any batch");
+                } else {
+                    let text = std::fs::read_to_string(&sidecar)?;
+                    let last = killed - 1;
+                    assert!(
+                        text.starts_with(&format!("{last} ")),
+                        "{tag}: sidecar after batch {last}: {text}"
+                    );
+                }
+            }
 
-        run_ok(EXE, &cache(), &file, &[])?;
-        let recovered = lines(&out_dir.join("orders.jsonl"))?;
-        assert_eq!(
-            recovered.len(),
-            reference.len(),
-            "{phase}: row count after recovery"
-        );
-        assert_eq!(recovered, reference, "{phase}: rows after recovery");
-        assert_eq!(
-            log_ids(&checkpoint.join("commits"))?,
-            (0..FILES as u64).collect::<Vec<_>>(),
-            "{phase}"
-        );
+            run_ok(EXE, &cache(), &file, &[])?;
+            let recovered = lines(&out_dir.join("orders.jsonl"))?;
+            assert_eq!(
+                recovered.len(),
+                reference.len(),
+                "{tag}: row count after recovery"
+            );
+            assert_eq!(recovered, reference, "{tag}: rows after recovery");
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..FILES as u64).collect::<Vec<_>>(),
+                "{tag}"
+            );
+        }
     }
     Ok(())
 }
@@ -92,34 +110,44 @@ fn a_replayed_batch_replaces_its_file_in_the_files_sink() -> Result<()> {
         &orders_pipeline("reference", "drop", &sink("reference")),
     )?;
     run_ok(EXE, &cache(), &reference_file, &[])?;
-    let crash_file = ws.pipeline(
-        "crash.toml",
-        &orders_pipeline("crash", "drop", &sink("crash")),
-    )?;
-    let crashed = weir(
-        EXE,
-        &cache(),
-        &[
-            "run",
-            crash_file.to_str().unwrap_or_default(),
-            "--failpoint",
-            "before-commit@1",
-        ],
-    )?;
-    assert_eq!(crashed.status.signal(), Some(9));
-    // Batch 1's file exists although the batch is not committed...
-    let batch1 = "batch-00000000000000000001.json";
-    assert!(ws.path().join("out/crash").join(batch1).is_file());
-    run_ok(EXE, &cache(), &crash_file, &[])?;
-    // ...and the replay rewrote it with the same rows, not a second copy.
-    for b in 0..3u64 {
-        let name = format!("batch-{b:020}.json");
-        let expected = std::fs::read(ws.path().join("out/reference").join(&name))?;
-        let got = std::fs::read(ws.path().join("out/crash").join(&name))?;
-        assert_eq!(got, expected, "{name}");
+    // Every valid order, once (the generator's count, not the reference run's).
+    assert_eq!(
+        weir_tests::sorted_output(&ws.path().join("out/reference"))?.len() as u64,
+        ws.orders.by_status[0]
+    );
+    // The first batch and a later one.
+    for killed in [0u64, 1] {
+        let tag = format!("crash{killed}");
+        let crash_file = ws.pipeline(
+            &format!("{tag}.toml"),
+            &orders_pipeline(&tag, "drop", &sink(&tag)),
+        )?;
+        let crashed = weir(
+            EXE,
+            &cache(),
+            &[
+                "run",
+                crash_file.to_str().unwrap_or_default(),
+                "--failpoint",
+                &format!("before-commit@{killed}"),
+            ],
+        )?;
+        assert_eq!(crashed.status.signal(), Some(9));
+        let out = ws.path().join("out").join(&tag);
+        // The killed batch's file exists although the batch is not committed...
+        let killed_file = format!("batch-{killed:020}.json");
+        assert!(out.join(&killed_file).is_file(), "{tag}");
+        run_ok(EXE, &cache(), &crash_file, &[])?;
+        // ...and the replay rewrote it with the same rows, not a second copy.
+        for b in 0..3u64 {
+            let name = format!("batch-{b:020}.json");
+            let expected = std::fs::read(ws.path().join("out/reference").join(&name))?;
+            let got = std::fs::read(out.join(&name))?;
+            assert_eq!(got, expected, "{tag}: {name}");
+        }
+        let files = std::fs::read_dir(&out)?.count();
+        assert_eq!(files, 3, "{tag}: one file per batch and no leftovers");
     }
-    let files = std::fs::read_dir(ws.path().join("out/crash"))?.count();
-    assert_eq!(files, 3, "one file per batch and no leftovers");
     Ok(())
 }
 
@@ -139,10 +167,7 @@ fn a_committed_batch_is_not_run_again_and_new_files_are_picked_up() -> Result<()
         first,
         "nothing new, nothing written"
     );
-    assert_eq!(
-        log_ids(&ws.path().join("checkpoints/q/offsets"))?,
-        vec![0, 1]
-    );
+    assert_eq!(offset_ids(&ws.path().join("checkpoints/q"))?, vec![0, 1]);
 
     // A new file arrives: only it is read, in batch 2.
     let more = tempfile::tempdir()?;
@@ -162,9 +187,6 @@ fn a_committed_batch_is_not_run_again_and_new_files_are_picked_up() -> Result<()
     run_ok(EXE, &cache(), &file, &[])?;
     let after = lines(&ws.path().join("out/q/orders.jsonl"))?;
     assert_eq!(after.len(), first.len() + extra.by_status[0] as usize);
-    assert_eq!(
-        log_ids(&ws.path().join("checkpoints/q/commits"))?,
-        vec![0, 1, 2]
-    );
+    assert_eq!(commit_ids(&ws.path().join("checkpoints/q"))?, vec![0, 1, 2]);
     Ok(())
 }

@@ -5,13 +5,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use weir_host::query::{Query, QueryError, QueryOptions};
 use weir_host::sink::MemorySink;
-use weir_tests::{SCHEMA, Workspace, log_ids};
+use weir_tests::{SCHEMA, Workspace, commit_ids, offset_ids};
 
 const FILES: usize = 12;
 const LINES: usize = 500;
@@ -84,7 +84,7 @@ fn run_good(ws: &Workspace, tag: &str) -> Result<Duration> {
         "{tag}: no row lost"
     );
     assert_eq!(
-        log_ids(&ws.path().join("checkpoints").join(tag).join("commits"))?,
+        commit_ids(&ws.path().join("checkpoints").join(tag))?,
         (0..FILES as u64).collect::<Vec<_>>(),
         "{tag}: every batch committed"
     );
@@ -99,8 +99,9 @@ fn a_query_stuck_on_deadlines_does_not_slow_a_healthy_one() -> Result<()> {
     let solo = run_good(&ws, "solo")?;
 
     let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
     let hostile = {
-        let stop = Arc::clone(&stop);
+        let (stop, failures) = (Arc::clone(&stop), Arc::clone(&failures));
         let dir = ws.path().to_owned();
         std::thread::spawn(move || -> Result<Vec<String>> {
             let mut errors = Vec::new();
@@ -112,24 +113,40 @@ fn a_query_stuck_on_deadlines_does_not_slow_a_healthy_one() -> Result<()> {
                     Ok(summary) => bail!("the spinning query finished: {summary:?}"),
                     Err(e) => errors.push(e.to_string()),
                 }
+                failures.fetch_add(1, Ordering::SeqCst);
             }
             Ok(errors)
         })
     };
-    // Let the spinning query reach its first deadline before measuring.
-    std::thread::sleep(Duration::from_millis(HOSTILE_TIMEOUT_MS / 2));
-    let beside = run_good(&ws, "beside");
+    // Polls `done` until it holds, or the spinner's thread ended (its error is reported below).
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() && !hostile.is_finished() {
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    };
+    // Measure once the spinning query has planned its batch: it is in its plugin.
+    let planned = ws.path().join("checkpoints/hostile/offsets/0");
+    let beside = wait_for("the spinning query's batch", &|| planned.exists())
+        .and_then(|()| run_good(&ws, "beside"));
     // Keep the spinner going until it has failed at least twice.
-    let waited = Instant::now();
-    while !hostile.is_finished() && waited.elapsed() < Duration::from_millis(HOSTILE_TIMEOUT_MS * 3)
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let waited = if beside.is_ok() {
+        wait_for("two failures of the spinning query", &|| {
+            failures.load(Ordering::SeqCst) >= 2
+        })
+    } else {
+        Ok(())
+    };
     stop.store(true, Ordering::SeqCst);
     let errors = match hostile.join() {
         Ok(result) => result?,
         Err(_) => bail!("the hostile query's thread panicked"),
     };
+    waited?;
     let beside = beside?;
 
     assert!(errors.len() >= 2, "{errors:?}");
@@ -142,9 +159,9 @@ fn a_query_stuck_on_deadlines_does_not_slow_a_healthy_one() -> Result<()> {
         );
     }
     let checkpoint = ws.path().join("checkpoints/hostile");
-    assert_eq!(log_ids(&checkpoint.join("commits"))?, Vec::<u64>::new());
+    assert_eq!(commit_ids(&checkpoint)?, Vec::<u64>::new());
     assert_eq!(
-        log_ids(&checkpoint.join("offsets"))?,
+        offset_ids(&checkpoint)?,
         vec![0],
         "planned once, never committed"
     );

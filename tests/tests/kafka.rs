@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, order_lines};
 use weir_tests::{
-    SCHEMA, Workspace, files_reference, files_sink, jsonl_plugin_sink, lines, log_ids,
-    run_killed_at, run_ok, sorted_output, weir,
+    SCHEMA, Workspace, commit_ids, files_reference, files_sink, jsonl_plugin_sink, lines,
+    offset_ids, run_killed_at, run_ok, sorted_output, weir,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -53,9 +53,9 @@ fn broker_with_orders(ws: &Workspace) -> Result<(Broker, Vec<String>)> {
 }
 
 fn last_progress(checkpoint: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-    let last = text.lines().last().unwrap_or("null");
-    Ok(serde_json::from_str(last)?)
+    weir_tests::progress(checkpoint)?
+        .pop()
+        .context("no progress record")
 }
 
 #[test]
@@ -80,12 +80,11 @@ fn kafka_rows_are_exactly_the_rows_of_the_same_orders_as_files() -> Result<()> {
 
     // 1000 records, at most 300 a batch (Spark's rounding may add one per partition).
     let checkpoint = ws.path().join("checkpoints/k");
-    let batches = log_ids(&checkpoint.join("commits"))?;
+    let batches = commit_ids(&checkpoint)?;
     assert!((4..=5).contains(&batches.len()), "batches: {batches:?}");
     // offsets/N holds the end offset of every partition; the last batch reached the end.
     let last = *batches.last().unwrap_or(&0);
-    let entry = std::fs::read_to_string(checkpoint.join("offsets").join(last.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(entry.lines().nth(1).unwrap_or("null"))?;
+    let json: serde_json::Value = weir_tests::offset_entry(&checkpoint, last)?;
     let ends = &json["sources"][0]["kafka"]["orders"];
     for p in 0..PARTITIONS {
         let (_, high) = broker.watermarks("orders", p)?;
@@ -108,12 +107,10 @@ fn kafka_rows_are_exactly_the_rows_of_the_same_orders_as_files() -> Result<()> {
     assert_eq!(source["endOffset"]["orders"], *ends);
     assert_eq!(source["latestOffset"]["orders"], *ends);
     assert_eq!(source["metrics"]["maxOffsetsBehindLatest"], "0");
-    let first: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(checkpoint.join("progress.jsonl"))?
-            .lines()
-            .next()
-            .unwrap_or("null"),
-    )?;
+    let first = weir_tests::progress(&checkpoint)?
+        .into_iter()
+        .next()
+        .context("no progress record")?;
     let behind: i64 = first["sources"][0]["metrics"]["maxOffsetsBehindLatest"]
         .as_str()
         .unwrap_or("0")
@@ -146,7 +143,7 @@ fn a_restart_continues_where_the_last_batch_ended_and_new_partitions_are_read() 
         first,
         "nothing new, nothing read"
     );
-    assert_eq!(log_ids(&ws.path().join("checkpoints/q/commits"))?, vec![0]);
+    assert_eq!(commit_ids(&ws.path().join("checkpoints/q"))?, vec![0]);
 
     // More orders, and a topic of the pattern appears: only the new records are read.
     let more: Vec<String> = orders
@@ -158,10 +155,7 @@ fn a_restart_continues_where_the_last_batch_ended_and_new_partitions_are_read() 
     run_ok(EXE, &cache(), &file, &[])?;
     let after = sorted_output(&ws.path().join("out/q"))?;
     assert_eq!(after.len(), first.len() + valid(&more));
-    assert_eq!(
-        log_ids(&ws.path().join("checkpoints/q/commits"))?,
-        vec![0, 1]
-    );
+    assert_eq!(commit_ids(&ws.path().join("checkpoints/q"))?, vec![0, 1]);
     let progress = last_progress(&ws.path().join("checkpoints/q"))?;
     assert_eq!(progress["numInputRows"], 40);
 
@@ -210,33 +204,41 @@ fn a_crash_at_any_phase_of_a_kafka_batch_loses_and_duplicates_nothing() -> Resul
     run_ok(EXE, &cache(), &reference_file, &[])?;
     let reference = lines(&ws.path().join("out/reference/orders.jsonl"))?;
     assert_eq!(reference.len() as u64, ws.orders.by_status[0]);
-    let batches = log_ids(&ws.path().join("checkpoints/reference/commits"))?;
+    let batches = commit_ids(&ws.path().join("checkpoints/reference"))?;
     assert!(batches.len() >= 4, "{batches:?}");
 
-    for phase in ["after-offsets", "in-transform", "in-sink", "before-commit"] {
-        let out_dir = ws.path().join("out").join(phase);
-        std::fs::create_dir_all(&out_dir)?;
-        let file = ws.pipeline(&format!("{phase}.toml"), &pipeline(phase))?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
-        let checkpoint = ws.path().join("checkpoints").join(phase);
-        assert_eq!(
-            log_ids(&checkpoint.join("offsets"))?,
-            vec![0, 1, 2],
-            "{phase}"
-        );
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        let partial = lines(&out_dir.join("orders.jsonl"))?;
-        assert!(
-            partial.len() < reference.len() && reference.starts_with(&partial),
-            "{phase}: the output after the crash is a prefix of the full output"
-        );
-        run_ok(EXE, &cache(), &file, &[])?;
-        assert_eq!(
-            lines(&out_dir.join("orders.jsonl"))?,
-            reference,
-            "{phase}: rows after recovery"
-        );
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, batches, "{phase}");
+    // The first batch (the sink's first write) and a later one.
+    for killed in [0u64, 2] {
+        for phase in ["after-offsets", "in-transform", "in-sink", "before-commit"] {
+            let tag = format!("{phase}-{killed}");
+            let out_dir = ws.path().join("out").join(&tag);
+            std::fs::create_dir_all(&out_dir)?;
+            let file = ws.pipeline(&format!("{tag}.toml"), &pipeline(&tag))?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = ws.path().join("checkpoints").join(&tag);
+            assert_eq!(
+                offset_ids(&checkpoint)?,
+                (0..=killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            assert_eq!(
+                commit_ids(&checkpoint)?,
+                (0..killed).collect::<Vec<_>>(),
+                "{tag}"
+            );
+            let partial = lines(&out_dir.join("orders.jsonl"))?;
+            assert!(
+                partial.len() < reference.len() && reference.starts_with(&partial),
+                "{tag}: the output after the crash is a prefix of the full output"
+            );
+            run_ok(EXE, &cache(), &file, &[])?;
+            assert_eq!(
+                lines(&out_dir.join("orders.jsonl"))?,
+                reference,
+                "{tag}: rows after recovery"
+            );
+            assert_eq!(commit_ids(&checkpoint)?, batches, "{tag}");
+        }
     }
     Ok(())
 }

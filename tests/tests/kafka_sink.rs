@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, Read, order_lines};
-use weir_tests::{SCHEMA, Workspace, log_ids, run_killed_at, run_ok};
+use weir_tests::{SCHEMA, Workspace, commit_ids, run_killed_at, run_ok};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -113,11 +113,19 @@ fn setup() -> Result<(Workspace, Broker, Vec<String>)> {
     Ok((ws, broker, expected))
 }
 
-/// Rows the sink took in batch 0 (from the progress log).
-fn first_batch_output_rows(checkpoint: &Path) -> Result<usize> {
-    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or("null"))?;
-    Ok(first["sink"]["numOutputRows"].as_u64().unwrap_or(0) as usize)
+/// Rows the sink took in the batches that completed (from the progress log; none before the
+/// first batch completed).
+fn completed_output_rows(checkpoint: &Path) -> Result<usize> {
+    if !checkpoint.exists() {
+        return Ok(0);
+    }
+    let mut rows = 0;
+    for record in weir_tests::progress(checkpoint)? {
+        rows += record["sink"]["numOutputRows"]
+            .as_u64()
+            .context("sink.numOutputRows")? as usize;
+    }
+    Ok(rows)
 }
 
 fn markers_of(id: &str, batches: &[u64]) -> Vec<String> {
@@ -136,7 +144,7 @@ fn each_batch_is_written_once_with_its_marker() -> Result<()> {
         )?;
         run_ok(EXE, &cache(), &file, &[])?;
         let checkpoint = ws.path().join("checkpoints").join(&tag);
-        let batches = log_ids(&checkpoint.join("commits"))?;
+        let batches = commit_ids(&checkpoint)?;
         assert!(batches.len() >= 3, "{delivery}: {batches:?}");
         let out = read_topic(&broker, &format!("out-{tag}"))?;
         assert_eq!(out.rows, expected, "{delivery}");
@@ -158,55 +166,62 @@ fn each_batch_is_written_once_with_its_marker() -> Result<()> {
 #[test]
 fn a_recovered_batch_is_written_again_or_not_as_its_marker_says() -> Result<()> {
     let (ws, broker, expected) = setup()?;
-    for phase in ["after-offsets", "in-sink", "before-commit"] {
-        let tag = phase.replace('-', "");
-        let topic = format!("out-{tag}");
-        broker.create_topic(&topic, 2)?;
-        let file = ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(&tag, &broker.bootstrap(), "exactly-once"),
-        )?;
-        run_killed_at(EXE, &cache(), &file, &format!("{phase}@1"))?;
-        let checkpoint = ws.path().join("checkpoints").join(&tag);
-        let id = query_id(&checkpoint)?;
-        let before = read_topic(&broker, &topic)?;
-        let out = run_ok(EXE, &cache(), &file, &[])?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let after = read_topic(&broker, &topic)?;
-        let batches = log_ids(&checkpoint.join("commits"))?;
-        assert!(batches.len() >= 3, "{phase}: {batches:?}");
-        // One marker per batch id, whatever happened.
-        assert_eq!(after.markers, markers_of(&id, &batches), "{phase}");
-        let skipped = stderr.contains("batch 1 is already in the topic");
-        match phase {
-            // Batch 1's transaction committed, only commits/1 was lost: not written again.
-            "before-commit" => {
-                assert_eq!(before.markers, markers_of(&id, &[0, 1]), "{phase}");
-                assert!(skipped, "{phase}: {stderr}");
-                assert_eq!(after.rows, expected, "{phase}");
-            }
-            // Nothing of batch 1 was produced: written once now.
-            "after-offsets" => {
-                assert_eq!(before.markers, markers_of(&id, &[0]), "{phase}");
-                assert!(!skipped, "{phase}: {stderr}");
-                assert_eq!(after.rows, expected, "{phase}");
-            }
-            // Killed inside batch 1's transaction, before its marker: written again in a
-            // new transaction. The mock still shows the aborted copy (a real broker hides it
-            // from read_committed readers): every row is there, batch 1's twice.
-            _ => {
-                assert_eq!(before.markers, markers_of(&id, &[0]), "{phase}");
-                assert!(!skipped, "{phase}: {stderr}");
-                let batch0 = first_batch_output_rows(&checkpoint)?;
-                let aborted = before.rows.len() - batch0;
-                assert!(
-                    aborted > 0,
-                    "{phase}: batch 1's rows reached the broker before the kill"
-                );
-                assert_eq!(after.rows.len(), expected.len() + aborted, "{phase}");
-                let mut distinct = after.rows.clone();
-                distinct.dedup();
-                assert_eq!(distinct, expected, "{phase}");
+    // The first batch (the first transaction: no marker before it) and a later one.
+    for killed in [0u64, 1] {
+        for phase in ["after-offsets", "in-sink", "before-commit"] {
+            let tag = format!("{}{killed}", phase.replace('-', ""));
+            let topic = format!("out-{tag}");
+            broker.create_topic(&topic, 2)?;
+            let file = ws.pipeline(
+                &format!("{tag}.toml"),
+                &pipeline(&tag, &broker.bootstrap(), "exactly-once"),
+            )?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{killed}"))?;
+            let checkpoint = ws.path().join("checkpoints").join(&tag);
+            let id = query_id(&checkpoint)?;
+            let before = read_topic(&broker, &topic)?;
+            let completed = completed_output_rows(&checkpoint)?;
+            let out = run_ok(EXE, &cache(), &file, &[])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let after = read_topic(&broker, &topic)?;
+            let batches = commit_ids(&checkpoint)?;
+            assert!(batches.len() >= 3, "{tag}: {batches:?}");
+            // One marker per batch id, whatever happened.
+            assert_eq!(after.markers, markers_of(&id, &batches), "{tag}");
+            let skipped = stderr.contains(&format!("batch {killed} is already in the topic"));
+            let earlier: Vec<u64> = (0..killed).collect();
+            match phase {
+                // The killed batch's transaction committed, only its commits/N was lost: not
+                // written again.
+                "before-commit" => {
+                    let marked: Vec<u64> = (0..=killed).collect();
+                    assert_eq!(before.markers, markers_of(&id, &marked), "{tag}");
+                    assert!(skipped, "{tag}: {stderr}");
+                    assert_eq!(after.rows, expected, "{tag}");
+                }
+                // Nothing of the killed batch was produced: written once now.
+                "after-offsets" => {
+                    assert_eq!(before.markers, markers_of(&id, &earlier), "{tag}");
+                    assert!(!skipped, "{tag}: {stderr}");
+                    assert_eq!(after.rows, expected, "{tag}");
+                }
+                // Killed inside the batch's transaction, before its marker: written again in a
+                // new transaction. The mock still shows the aborted copy (a real broker hides
+                // it from read_committed readers): every row is there, the killed batch's
+                // twice.
+                _ => {
+                    assert_eq!(before.markers, markers_of(&id, &earlier), "{tag}");
+                    assert!(!skipped, "{tag}: {stderr}");
+                    let aborted = before.rows.len() - completed;
+                    assert!(
+                        aborted > 0,
+                        "{tag}: the killed batch's rows reached the broker before the kill"
+                    );
+                    assert_eq!(after.rows.len(), expected.len() + aborted, "{tag}");
+                    let mut distinct = after.rows.clone();
+                    distinct.dedup();
+                    assert_eq!(distinct, expected, "{tag}");
+                }
             }
         }
     }

@@ -189,9 +189,7 @@ fn per_batch(table: &weir_host::sink::MemoryTable) -> Result<Vec<(usize, usize)>
 
 /// The plugin builds `offsets/<n>` records, as (name, sha256).
 fn recorded_builds(checkpoint: &Path, n: u64) -> Result<Vec<(String, String)>> {
-    let path = checkpoint.join("offsets").join(n.to_string());
-    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
-    let entry: serde_json::Value = serde_json::from_str(text.lines().nth(1).unwrap_or("null"))?;
+    let entry = weir_tests::offset_entry(checkpoint, n)?;
     Ok(entry["plugins"]
         .as_array()
         .map(|plugins| {
@@ -211,9 +209,7 @@ fn recorded_builds(checkpoint: &Path, n: u64) -> Result<Vec<(String, String)>> {
 /// The sha256 of each plugin in each progress record, by batch.
 fn progress_builds(checkpoint: &Path) -> Result<Vec<(u64, String)>> {
     let mut out = Vec::new();
-    let path = checkpoint.join("progress.jsonl");
-    for line in std::fs::read_to_string(&path)?.lines() {
-        let record: serde_json::Value = serde_json::from_str(line)?;
+    for record in weir_tests::progress(checkpoint)? {
         let batch = record["batchId"].as_u64().unwrap_or(u64::MAX);
         for p in record["plugins"].as_array().into_iter().flatten() {
             out.push((batch, p["sha256"].as_str().unwrap_or_default().to_owned()));

@@ -229,15 +229,14 @@ fn fingerprint(checkpoint: &Path) -> Result<serde_json::Value> {
 }
 
 fn state_rows(checkpoint: &Path) -> Result<Vec<u64>> {
-    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-    text.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l)?;
-            Ok(v["stateOperators"][0]["numRowsTotal"]
+    Ok(weir_tests::progress(checkpoint)?
+        .iter()
+        .map(|v| {
+            v["stateOperators"][0]["numRowsTotal"]
                 .as_u64()
-                .unwrap_or(u64::MAX))
+                .unwrap_or(u64::MAX)
         })
-        .collect()
+        .collect())
 }
 
 #[test]
@@ -362,26 +361,56 @@ fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
     Ok(())
 }
 
-/// A clock the test moves by hand.
+/// A clock the test moves by hand, counting how often the query reads it.
+///
+/// A continuous query reads the clock once per poll of its sources and once per batch it plans
+/// (before `offsets/N`), nowhere else. So once it has read the clock [`Self::SETTLED`] times
+/// after a change, it has polled at the new time and any batch that time starts is committed:
+/// the first read may have begun before the change, the second is a poll at the new time at
+/// the latest (or a batch planned at the old one, then that batch's commit and a poll), the
+/// batch that poll decides reads once more, and a poll follows its commit. With no new input
+/// and a clock standing still, every poll decides the same.
 #[derive(Debug)]
-struct ManualClock(std::sync::atomic::AtomicI64);
+struct ManualClock {
+    now: std::sync::atomic::AtomicI64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl ManualClock {
+    /// Reads after a change that show the query has acted on it (see the type's docs).
+    const SETTLED: u64 = 5;
+
+    fn new(now: i64) -> Self {
+        Self {
+            now: now.into(),
+            reads: 0.into(),
+        }
+    }
+
+    fn set(&self, now: i64) {
+        self.now.store(now, Ordering::SeqCst);
+    }
+
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
 
 impl weir_host::query::Clock for ManualClock {
     fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
+        let now = self.now.load(Ordering::SeqCst);
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        now
     }
 }
 
 fn offsets_watermark(checkpoint: &Path, batch: u64) -> Result<i64> {
-    let text = std::fs::read_to_string(checkpoint.join("offsets").join(batch.to_string()))?;
-    let json = text.lines().nth(1).unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(json)?;
+    let v = weir_tests::offset_entry(checkpoint, batch)?;
     Ok(v["batchWatermarkMs"].as_i64().unwrap_or(i64::MIN))
 }
 
 #[test]
 fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
-    use std::sync::atomic::AtomicI64;
     let ws = Workspace::new(3, 40)?;
     let text = revenue("idle", true, "", r#"["status"]"#)
         .replace("trigger = \"available-now\"\n", "")
@@ -393,7 +422,7 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // The clock stands far after every event time of the data.
     let t0: i64 = 1_900_000_000_000;
-    let clock = Arc::new(ManualClock(AtomicI64::new(t0)));
+    let clock = Arc::new(ManualClock::new(t0));
     let stop = Arc::new(AtomicBool::new(false));
     let checkpoint = ws.path().join("checkpoints/idle");
     let (thread_clock, thread_stop) = (clock.clone(), stop.clone());
@@ -418,11 +447,13 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
         }
         Ok(())
     };
-    let committed =
-        |checkpoint: &Path| weir_tests::log_ids(&checkpoint.join("commits")).unwrap_or_default();
+    let committed = |checkpoint: &Path| weir_tests::commit_ids(checkpoint).unwrap_or_default();
     // The three files, then the no-data batch their watermark asks for.
     wait_for("the data batches", &|| committed(&checkpoint).len() >= 4)?;
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let reads = clock.reads();
+    wait_for("the query to poll again", &|| {
+        clock.reads() >= reads + ManualClock::SETTLED
+    })?;
     let before = committed(&checkpoint);
     assert_eq!(
         before.len(),
@@ -435,14 +466,17 @@ fn an_idle_input_advances_the_watermark_after_its_timeout() -> Result<()> {
         "windows wait for the watermark: {held:?}"
     );
 
-    // Not yet idle for a minute: nothing happens.
-    clock.0.store(t0 + 59_000, Ordering::SeqCst);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Not yet idle for a minute: the query polls at the new time, and nothing happens.
+    clock.set(t0 + 59_000);
+    let reads = clock.reads();
+    wait_for("the query to poll at 59 s", &|| {
+        clock.reads() >= reads + ManualClock::SETTLED
+    })?;
     assert_eq!(committed(&checkpoint), before);
 
     // Idle for a minute: the watermark jumps to clock − delay, one batch runs
     // and emits and evicts every window.
-    clock.0.store(t0 + 60_000, Ordering::SeqCst);
+    clock.set(t0 + 60_000);
     wait_for("the idle batch", &|| {
         committed(&checkpoint).len() > before.len()
     })?;
@@ -559,10 +593,7 @@ fn a_new_trigger_interval_is_accepted_and_recorded() -> Result<()> {
             "the accepted change is recorded"
         );
     }
-    assert_eq!(
-        weir_tests::log_ids(&checkpoint.join("commits"))?,
-        vec![0, 1]
-    );
+    assert_eq!(weir_tests::commit_ids(&checkpoint)?, vec![0, 1]);
     Ok(())
 }
 
@@ -845,7 +876,7 @@ kind = "memory"
             expected_first,
             "{policy}"
         );
-        let entry = offsets_entry(&checkpoint, 1)?;
+        let entry = weir_tests::offset_entry(&checkpoint, 1)?;
         let per_input: Vec<i64> = entry["sources"]
             .as_array()
             .map(|a| a.iter().filter_map(|s| s["watermarkMs"].as_i64()).collect())
@@ -855,9 +886,10 @@ kind = "memory"
             [ms(10, 20), ms(8, 50)],
             "{policy}: each input's own watermark is recorded"
         );
-        let progress = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-        let first: serde_json::Value =
-            serde_json::from_str(progress.lines().next().unwrap_or_default())?;
+        let first = weir_tests::progress(&checkpoint)?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
         let rows: Vec<u64> = first["sources"]
             .as_array()
             .map(|a| {
@@ -872,9 +904,7 @@ kind = "memory"
         // checkpoint, east's too, and the combination moves on.
         std::fs::write(west.join("w-1.json"), line(4, "2024-03-01T11:00:00Z"))?;
         run(dir.path(), &text).map_err(anyhow::Error::msg)?;
-        let last = *weir_tests::log_ids(&checkpoint.join("offsets"))?
-            .last()
-            .unwrap_or(&0);
+        let last = *weir_tests::offset_ids(&checkpoint)?.last().unwrap_or(&0);
         let expected_after = if policy == "min" {
             ms(10, 20)
         } else {
@@ -887,11 +917,4 @@ kind = "memory"
         );
     }
     Ok(())
-}
-
-fn offsets_entry(checkpoint: &Path, batch: u64) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(checkpoint.join("offsets").join(batch.to_string()))?;
-    Ok(serde_json::from_str(
-        text.lines().nth(1).unwrap_or_default(),
-    )?)
 }

@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, order_lines};
 use weir_tests::{
-    SCHEMA, Workspace, files_reference, files_sink, log_ids, run_killed_at, run_ok, sorted_output,
+    SCHEMA, Workspace, commit_ids, files_reference, files_sink, run_killed_at, run_ok,
+    sorted_output,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -81,11 +82,10 @@ fn the_kafka_source_reads_every_partition_of_a_tansu_topic_in_offset_ranges() ->
 
     // 1004 records (4 seals), at most 300 a batch; the last batch ends at the log ends.
     let checkpoint = ws.path().join("checkpoints/k");
-    let batches = log_ids(&checkpoint.join("commits"))?;
+    let batches = commit_ids(&checkpoint)?;
     assert!((4..=5).contains(&batches.len()), "batches: {batches:?}");
     let last = *batches.last().context("no batch")?;
-    let entry = std::fs::read_to_string(checkpoint.join("offsets").join(last.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(entry.lines().nth(1).unwrap_or("null"))?;
+    let json: serde_json::Value = weir_tests::offset_entry(&checkpoint, last)?;
     for p in 0..PARTITIONS {
         let (_, high) = broker.watermarks("orders", p)?;
         assert_eq!(
@@ -97,7 +97,7 @@ fn the_kafka_source_reads_every_partition_of_a_tansu_topic_in_offset_ranges() ->
 
     // A restart reads nothing more; new records are read once.
     run_ok(EXE, &cache(), &file, &[])?;
-    assert_eq!(log_ids(&checkpoint.join("commits"))?, batches);
+    assert_eq!(commit_ids(&checkpoint)?, batches);
     let more: Vec<String> = expected
         .iter()
         .take(40)
@@ -117,45 +117,56 @@ fn the_kafka_source_reads_every_partition_of_a_tansu_topic_in_offset_ranges() ->
 fn the_kafka_sink_writes_each_batch_once_with_its_marker_to_tansu() -> Result<()> {
     let ws = Workspace::new(3, 200)?;
     let (broker, expected) = setup(&ws)?;
-    broker.create_topic("out", 2)?;
-    let sink = format!(
-        "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"out\"\ndelivery = \"exactly-once\"\n",
-        broker.bootstrap()
-    );
-    let file = ws.pipeline("q.toml", &kafka_pipeline("q", &broker.bootstrap(), &sink))?;
-    // Killed after batch 1's transaction committed, before commits/1: the restarted sink
-    // finds batch 1's marker on tansu and does not write it again.
-    run_killed_at(EXE, &cache(), &file, "before-commit@1")?;
-    let out = run_ok(EXE, &cache(), &file, &[])?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("batch 1 is already in the topic"),
-        "{stderr}"
-    );
-    let checkpoint = ws.path().join("checkpoints/q");
-    let batches = log_ids(&checkpoint.join("commits"))?;
-    assert!(batches.len() >= 3, "{batches:?}");
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
-    let id = meta["id"].as_str().context("query id")?;
+    // Killed after batch N's transaction committed, before commits/N: the restarted sink finds
+    // batch N's marker on tansu and does not write it again. Batch 0 is the query's first
+    // transaction on the topic (no marker before it), batch 1 one after another.
+    for killed in [0u64, 1] {
+        let (tag, topic) = (format!("q{killed}"), format!("out{killed}"));
+        broker.create_topic(&topic, 2)?;
+        let sink = format!(
+            "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{topic}\"\ndelivery = \"exactly-once\"\n",
+            broker.bootstrap()
+        );
+        let file = ws.pipeline(
+            &format!("{tag}.toml"),
+            &kafka_pipeline(&tag, &broker.bootstrap(), &sink),
+        )?;
+        run_killed_at(EXE, &cache(), &file, &format!("before-commit@{killed}"))?;
+        let out = run_ok(EXE, &cache(), &file, &[])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("batch {killed} is already in the topic")),
+            "{tag}: {stderr}"
+        );
+        let checkpoint = ws.path().join("checkpoints").join(&tag);
+        let batches = commit_ids(&checkpoint)?;
+        assert!(batches.len() >= 3, "{tag}: {batches:?}");
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
+        let id = meta["id"].as_str().context("query id")?;
 
-    let mut rows = Vec::new();
-    let mut markers = Vec::new();
-    for r in broker.read_all("out", 2)? {
-        match (r.marker, r.value) {
-            (Some(m), None) => markers.push(m),
-            (None, Some(v)) => rows.push(String::from_utf8(v)?),
-            other => anyhow::bail!("unexpected record {other:?}"),
+        let mut rows = Vec::new();
+        let mut markers = Vec::new();
+        for r in broker.read_all(&topic, 2)? {
+            match (r.marker, r.value) {
+                (Some(m), None) => markers.push(m),
+                (None, Some(v)) => rows.push(String::from_utf8(v)?),
+                other => anyhow::bail!("{tag}: unexpected record {other:?}"),
+            }
         }
+        rows.sort();
+        // Whole rows, each once: the files reference, which has as many as the generator
+        // wrote valid orders.
+        assert_eq!(rows.len(), expected.len(), "{tag}");
+        assert_eq!(rows, expected, "{tag}");
+        assert_eq!(
+            markers,
+            batches
+                .iter()
+                .map(|b| format!("{id}/{b}"))
+                .collect::<Vec<_>>(),
+            "{tag}"
+        );
     }
-    rows.sort();
-    assert_eq!(rows, expected);
-    assert_eq!(
-        markers,
-        batches
-            .iter()
-            .map(|b| format!("{id}/{b}"))
-            .collect::<Vec<_>>()
-    );
     Ok(())
 }

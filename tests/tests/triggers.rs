@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use weir_tests::{SCHEMA, Workspace, log_ids, run_ok};
+use weir_tests::{SCHEMA, Workspace, commit_ids, offset_ids, run_ok};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -70,10 +70,9 @@ fn signal(child: &Child, sig: i32) -> Result<()> {
 }
 
 fn progress_timestamps(checkpoint: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-    text.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l)?;
+    weir_tests::progress(checkpoint)?
+        .iter()
+        .map(|v| {
             v["timestamp"]
                 .as_str()
                 .map(str::to_owned)
@@ -91,15 +90,12 @@ fn sigterm_and_sigint_finish_the_batch_and_exit_cleanly() -> Result<()> {
         let mut child = spawn(&file)?;
         let checkpoint = ws.path().join("checkpoints").join(tag);
         wait_for("two commits", Duration::from_secs(60), || {
-            Ok(log_ids(&checkpoint.join("commits"))?.len() == 2)
+            Ok(commit_ids(&checkpoint)?.len() == 2)
         })?;
         signal(&child, sig)?;
         let status = child.wait()?;
         assert_eq!(status.code(), Some(0), "{tag}: a signal is a clean stop");
-        assert_eq!(
-            log_ids(&checkpoint.join("offsets"))?,
-            log_ids(&checkpoint.join("commits"))?
-        );
+        assert_eq!(offset_ids(&checkpoint)?, commit_ids(&checkpoint)?);
         // The lock is released: the query starts again at once.
         run_ok(
             EXE,
@@ -118,7 +114,7 @@ fn processing_time_trigger_spaces_batches_by_its_interval() -> Result<()> {
     let mut child = spawn(&file)?;
     let checkpoint = ws.path().join("checkpoints/pt");
     let result = wait_for("three commits", Duration::from_secs(60), || {
-        Ok(log_ids(&checkpoint.join("commits"))?.len() == 3)
+        Ok(commit_ids(&checkpoint)?.len() == 3)
     });
     signal(&child, libc::SIGINT)?;
     let status = child.wait()?;
@@ -150,14 +146,11 @@ fn once_takes_everything_in_one_batch_and_available_now_respects_the_limit() -> 
     let ws = Workspace::new(4, 50)?;
     let once = ws.pipeline("once.toml", &pipeline("once", r#"trigger = "once""#))?;
     run_ok(EXE, &cache(), &once, &[])?;
-    assert_eq!(
-        log_ids(&ws.path().join("checkpoints/once/commits"))?,
-        vec![0]
-    );
+    assert_eq!(commit_ids(&ws.path().join("checkpoints/once"))?, vec![0]);
     let now = ws.pipeline("now.toml", &pipeline("now", r#"trigger = "available-now""#))?;
     run_ok(EXE, &cache(), &now, &[])?;
     assert_eq!(
-        log_ids(&ws.path().join("checkpoints/now/commits"))?,
+        commit_ids(&ws.path().join("checkpoints/now"))?,
         vec![0, 1, 2, 3]
     );
     // Both read every row: the same rows, cut differently.

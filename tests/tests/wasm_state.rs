@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use weir_host::query::{Query, QueryOptions, RunSummary};
-use weir_tests::{log_ids, run_killed_at, run_ok};
+use weir_tests::{commit_ids, offset_ids, run_killed_at, run_ok};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -148,13 +148,10 @@ fn output(dir: &Path) -> Result<Vec<Row>> {
 
 /// The `stateOperators` entry of the stateful transform, per batch.
 fn state_progress(checkpoint: &Path) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(checkpoint.join("progress.jsonl"))?;
-    text.lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l)?;
-            Ok(v["stateOperators"][0].clone())
-        })
-        .collect()
+    Ok(weir_tests::progress(checkpoint)?
+        .iter()
+        .map(|v| v["stateOperators"][0].clone())
+        .collect())
 }
 
 /// Every row's total is its customer's previous total plus its amount, and
@@ -273,18 +270,10 @@ fn a_crash_in_any_phase_recovers_the_exact_totals() -> Result<()> {
         std::fs::write(&file, pipeline(&tag, "rocksdb", TOTALS, ""))?;
         run_killed_at(EXE, &cache(), &file, &format!("{phase}@2"))?;
         let checkpoint = ws.path().join("checkpoints").join(&tag);
-        assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0, 1], "{phase}");
-        assert_eq!(
-            log_ids(&checkpoint.join("offsets"))?,
-            vec![0, 1, 2],
-            "{phase}"
-        );
+        assert_eq!(commit_ids(&checkpoint)?, vec![0, 1], "{phase}");
+        assert_eq!(offset_ids(&checkpoint)?, vec![0, 1, 2], "{phase}");
         run_ok(EXE, &cache(), &file, &[])?;
-        assert_eq!(
-            log_ids(&checkpoint.join("commits"))?,
-            vec![0, 1, 2, 3],
-            "{phase}"
-        );
+        assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2, 3], "{phase}");
         assert_eq!(
             output(&ws.path().join("out").join(&tag))?,
             reference,
@@ -367,7 +356,7 @@ fn removing_a_stateful_transform_on_restart_is_refused() -> Result<()> {
     assert!(message.contains("the stateful transforms"), "{message}");
     // Nothing ran: the refused start left the checkpoint as it was.
     let checkpoint = ws.path().join("checkpoints/change");
-    assert_eq!(log_ids(&checkpoint.join("commits"))?, vec![0]);
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
     // The unchanged query resumes.
     assert_eq!(run(ws.path(), &stateful)?.batches, 1);
     check_totals(&output(&ws.path().join("out/change"))?, &input)?;
