@@ -6,7 +6,14 @@
 //! `weir` binary takes a hidden `--failpoint PHASE@BATCH` flag and sends
 //! itself SIGKILL when batch BATCH reaches PHASE. Nothing runs after the
 //! signal: no destructor, no flush, exactly like a power cut of the process.
+//!
+//! A shipped binary must not be able to kill itself on request, so the flag and
+//! [`QueryOptions::failpoint`](crate::query::QueryOptions) exist only with the
+//! `failpoints` cargo feature, which the test crate turns on. Without it
+//! [`Failpoint`] has no values: every `Option<Failpoint>` is `None` and every
+//! check compiles to nothing.
 
+#[cfg(feature = "failpoints")]
 use std::str::FromStr;
 
 /// A point in the life of a batch.
@@ -34,12 +41,19 @@ impl Phase {
 }
 
 /// Crash when batch `batch_id` reaches `phase`.
+#[cfg(feature = "failpoints")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failpoint {
     pub phase: Phase,
     pub batch_id: u64,
 }
 
+/// Without the `failpoints` feature no failpoint can be made.
+#[cfg(not(feature = "failpoints"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {}
+
+#[cfg(feature = "failpoints")]
 impl FromStr for Failpoint {
     type Err = String;
 
@@ -65,6 +79,17 @@ impl FromStr for Failpoint {
     }
 }
 
+#[cfg(not(feature = "failpoints"))]
+impl Failpoint {
+    /// Never kills: no failpoint exists without the `failpoints` feature.
+    pub fn check(failpoint: Option<&Failpoint>, _phase: Phase, _batch_id: u64) {
+        if let Some(never) = failpoint {
+            match *never {}
+        }
+    }
+}
+
+#[cfg(feature = "failpoints")]
 impl Failpoint {
     /// Kills the process if `failpoint` is set for this phase and batch.
     pub fn check(failpoint: Option<&Failpoint>, phase: Phase, batch_id: u64) {

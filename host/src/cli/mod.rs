@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::checkpoint::{CheckpointError, CheckpointReader};
 use crate::failpoint::Failpoint;
 use crate::query::{Query, QueryOptions, SystemClock};
 
@@ -48,7 +49,9 @@ enum Command {
         /// Override a key of the file, e.g. `--set source.orders.path=/data`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
-        /// Crash injection for recovery tests: PHASE@BATCH.
+        /// Crash injection for recovery tests: PHASE@BATCH (the `failpoints`
+        /// feature only: a shipped binary has no such flag).
+        #[cfg(feature = "failpoints")]
         #[arg(long, hide = true)]
         failpoint: Option<Failpoint>,
         /// Before every batch, load a new build of any plugin whose file
@@ -107,9 +110,14 @@ where
         Command::Run {
             file,
             overrides,
+            #[cfg(feature = "failpoints")]
             failpoint,
             watch_plugins,
-        } => run(&file, &overrides, cache_dir, failpoint, watch_plugins),
+        } => {
+            #[cfg(not(feature = "failpoints"))]
+            let failpoint = None;
+            run(&file, &overrides, cache_dir, failpoint, watch_plugins)
+        }
         Command::Validate { file, overrides } => match crate::spec::load(&file, &overrides) {
             Ok(p) => {
                 let warnings = crate::spec::stateful_warnings(&p);
@@ -212,6 +220,9 @@ pub(crate) fn run(
     failpoint: Option<Failpoint>,
     watch_plugins: bool,
 ) -> ExitCode {
+    // Without the `failpoints` feature `Failpoint` has no values: this is always `None`.
+    #[cfg(not(feature = "failpoints"))]
+    let _ = failpoint;
     let pipeline = match crate::spec::load(file, overrides) {
         Ok(p) => p,
         Err(e) => {
@@ -221,6 +232,7 @@ pub(crate) fn run(
     };
     let options = QueryOptions {
         cache_dir,
+        #[cfg(feature = "failpoints")]
         failpoint,
         stop: stop_flag(),
         clock: Arc::new(SystemClock),
@@ -250,37 +262,32 @@ pub(crate) fn run(
 }
 
 /// A readable summary of a checkpoint, without taking its lock.
-fn inspect(dir: &Path) -> std::io::Result<String> {
+/// What `weir checkpoint inspect` prints: the query id and fingerprint, each log's extent and
+/// latest entry, and the last progress record, all read through the checkpoint's own reader.
+fn inspect(dir: &Path) -> Result<String, CheckpointError> {
+    let reader = CheckpointReader::open(dir)?;
     let mut text = String::new();
-    let read_entry = |path: &Path| -> std::io::Result<String> {
-        let raw = std::fs::read_to_string(path)?;
-        Ok(raw.lines().nth(1).unwrap_or("").to_owned())
-    };
-    let metadata = read_entry(&dir.join("metadata"))?;
-    text.push_str(&format!("metadata: {metadata}\n"));
-    for log in ["offsets", "commits"] {
-        let mut ids: Vec<u64> = match std::fs::read_dir(dir.join(log)) {
-            Ok(entries) => entries
-                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        ids.sort_unstable();
-        match ids.last() {
-            Some(last) => {
-                let entry = read_entry(&dir.join(log).join(last.to_string()))?;
+    match reader.metadata() {
+        Some(metadata) => {
+            let json = serde_json::to_string(metadata).unwrap_or_default();
+            text.push_str(&format!("metadata: {json}\n"));
+        }
+        None => text.push_str("metadata: none (the query never started)\n"),
+    }
+    for (name, log) in [("offsets", reader.offsets()), ("commits", reader.commits())] {
+        let ids = log.ids()?;
+        match (ids.first(), ids.last()) {
+            (Some(first), Some(&last)) => {
+                let entry: serde_json::Value = log.get(last)?.unwrap_or_default();
                 text.push_str(&format!(
-                    "{log}: {} entries ({}..={last}); latest {last}: {entry}\n",
-                    ids.len(),
-                    ids[0]
+                    "{name}: {} entries ({first}..={last}); latest {last}: {entry}\n",
+                    ids.len()
                 ));
             }
-            None => text.push_str(&format!("{log}: none\n")),
+            _ => text.push_str(&format!("{name}: none\n")),
         }
     }
-    if let Ok(progress) = std::fs::read_to_string(dir.join("progress.jsonl"))
-        && let Some(last) = progress.lines().last()
-    {
+    if let Some(last) = reader.progress()?.last() {
         text.push_str(&format!("last progress: {last}\n"));
     }
     Ok(text)
