@@ -339,8 +339,14 @@ fn checkpoint_inspect_reads_the_logs_through_the_checkpoint() -> Result<()> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     // Three files, one a batch: batches 0..=2 planned and committed.
-    assert!(stdout.contains("offsets: 3 entries (0..=2); latest 2: {"), "{stdout}");
-    assert!(stdout.contains("commits: 3 entries (0..=2); latest 2: {"), "{stdout}");
+    assert!(
+        stdout.contains("offsets: 3 entries (0..=2); latest 2: {"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("commits: 3 entries (0..=2); latest 2: {"),
+        "{stdout}"
+    );
     let id = weir_host::checkpoint::CheckpointReader::open(&checkpoint)?
         .metadata()
         .map(|m| m.id.clone())

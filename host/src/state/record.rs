@@ -133,7 +133,6 @@ fn le_u32(bytes: &[u8]) -> u32 {
     u32::from_le_bytes(buf)
 }
 
-
 /// Streams records into a new file, hashing as it goes.
 #[derive(Debug)]
 pub(super) struct RecordWriter {
