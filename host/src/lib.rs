@@ -5,26 +5,36 @@
 //! the host directly through [`query::Query`].
 //!
 //! # Layout
-//! - [`spec`]: the pipeline file, typed and validated.
-//! - [`checkpoint`]: the write-ahead logs and the lock of a query.
-//! - [`source`]: where input comes from (a folder of files, a Delta table).
-//! - [`decode`]: bytes to Arrow, with Spark's malformed-record policies.
-//! - [`plugin`]: the WebAssembly host (sandbox, batches across the boundary).
-//! - [`operator`]: per-batch operators between source and sink.
-//! - [`sink`]: where output goes, idempotent by batch id.
-//! - [`state`]: versioned state stores of stateful operators.
-//! - [`watermark`]: event-time progress and lateness.
-//! - [`query`]: the micro-batch loop and its recovery.
-//! - [`progress`]: Spark-compatible progress records.
-//! - [`failpoint`]: crash injection for recovery tests.
-//! - [`examples`]: the bundled example plugins and sample data.
-//! - `cli`: the `weir` command line.
+//! Where each concept lives, in the order a batch meets them:
+//!
+//! | concept | module |
+//! |---|---|
+//! | the pipeline file: keys, types, every-problem validation, `--set` | [`spec`] (`raw` → `validate` → typed [`spec::Pipeline`]) |
+//! | the micro-batch loop, recovery, retries, the query fingerprint | [`query`] (`fingerprint`, `reload` for new plugin builds) |
+//! | offsets, commits, source logs, the lock, and where state and sink folders go | [`checkpoint`] ([`checkpoint::CheckpointReader`] for readers) |
+//! | sources: files, Kafka, Delta | [`source`] (`source::open` is the factory) |
+//! | bytes to Arrow, malformed-record policies, dead letters | [`decode`] |
+//! | the Wasm host: engine and cache, sandbox, limits, grants, deadline, guest output checks | [`plugin`] |
+//! | stateless transforms and stateful operators (aggregation, dedup, keyed Wasm state) | [`operator`] |
+//! | event-time watermarks and lateness | [`watermark`] |
+//! | versioned, partitioned state stores (RocksDB, memory) | [`state`] |
+//! | sinks: files, console, memory, Kafka, Delta, Delta MERGE, Wasm foreachBatch | [`sink`] |
+//! | Spark-compatible progress records | [`progress`] |
+//! | crash injection of the recovery tests (`failpoints` feature) | [`failpoint`] |
+//! | the bundled example plugins and sample orders | [`examples`] |
+//! | the `weir` command line (prints and exit codes live only here) | `cli` |
+//! | shared plumbing: durable writes, calendar arithmetic, FNV-1a | `durable`, `calendar`, `fnv` |
 
+mod calendar;
 pub mod checkpoint;
 pub mod cli;
 pub mod decode;
+mod durable;
 pub mod examples;
 pub mod failpoint;
+mod fnv;
+#[cfg(test)]
+mod fuzz;
 pub mod operator;
 pub mod plugin;
 pub mod progress;

@@ -13,32 +13,41 @@
 //! - `engine`: the shared wasmtime engine, its epoch ticker and the on-disk
 //!   cache of compiled components.
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
+//! - `ipc_check`: vets a guest's Arrow IPC stream before arrow-ipc reads it.
 //! - `state`: what a plugin's store holds and the host functions it imports.
 //! - `keyed_state`: the `keyed-state` import of stateful transforms.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `deadline`: the per-call deadline for host calls (sleeps, HTTP, streams).
 //! - `reload`: noticing a new build of a running plugin, and which builds may
 //!   replace which.
 //! - `grants`: folders, environment variables and HTTP hosts a plugin may reach.
-//! - `limiter`: the memory limit and its high-water mark.
+//! - `limiter`: the memory limit (memories and tables together), its
+//!   high-water mark, and the budgets of what the host holds for a plugin.
+//! - `logs`: the `log` import and stderr, forwarded to the log with a cap.
 //! - `replay`: the batch clock and seeded random source that make replays identical.
 //! - `merge_capability`: the `delta-merge` import of sinks (MERGE into granted Delta tables).
 //! - `error`: [`PluginError`].
 
 mod bindings;
 mod convert;
+mod deadline;
 mod engine;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod grants;
 mod instance;
+mod ipc_check;
 mod keyed_state;
 mod limiter;
+mod logs;
 mod merge_capability;
 mod reload;
 mod replay;
 mod state;
 
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
-pub use error::{PluginError, PluginErrorKind};
+pub use error::{Budget, PluginError, PluginErrorKind};
 pub use grants::{HttpGrant, env_from_host};
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
