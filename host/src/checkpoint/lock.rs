@@ -15,6 +15,10 @@ use super::{CheckpointError, fsio};
 
 const LOCK_FILE: &str = "lock";
 
+/// How often, and how long apart, a held lock is tried again before it counts as held.
+const RELEASE_RETRIES: u32 = 5;
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// What the holder writes into the lock file.
 #[derive(Debug, Serialize, Deserialize)]
 struct Holder {
@@ -34,15 +38,25 @@ pub(super) fn acquire(dir: &Path) -> Result<File, CheckpointError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| CheckpointError::io(&path, "open", e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            return Err(CheckpointError::Locked {
-                dir: dir.to_path_buf(),
-                holder: describe_holder(&mut file, &path),
-            });
+    let mut attempt = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            // A child forked by another thread of this process shares the lock's open file
+            // description until it execs (close-on-exec acts only then), so a lock released a
+            // moment ago can still look held: look again briefly before naming a holder.
+            Err(TryLockError::WouldBlock) if attempt < RELEASE_RETRIES => {
+                attempt += 1;
+                std::thread::sleep(RELEASE_WAIT);
+            }
+            Err(TryLockError::WouldBlock) => {
+                return Err(CheckpointError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder: describe_holder(&mut file, &path),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(CheckpointError::io(&path, "lock", e)),
         }
-        Err(TryLockError::Error(e)) => return Err(CheckpointError::io(&path, "lock", e)),
     }
     let holder = Holder {
         pid: std::process::id(),
