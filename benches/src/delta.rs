@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use arrow_array::RecordBatch;
 use weir_host::plugin::BatchInfo;
 use weir_host::query::{Query, QueryOptions};
-use weir_host::sink::delta::{CommitPolicy, DeltaSink, DeltaSinkOptions, WriteMode};
+use weir_host::sink::delta::{DeltaSink, DeltaSinkOptions, WriteMode};
 
 use super::flag;
 
@@ -109,7 +109,7 @@ fn open_sink(work: &Path, name: &str) -> Result<DeltaSink> {
         mode: WriteMode::Append,
         partition_by: Vec::new(),
         target_file_size: 128 << 20,
-        commit: CommitPolicy::Batches(1),
+        commit: weir_host::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
         pending_dir: work.join("pending").join(name),
         failpoint: None,
     })?)

@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 use crate::operator::stateful::StateSchema;
 use crate::spec::{
-    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StateStoreKind, Trigger,
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, Trigger,
     WatermarkPolicy, WindowKind,
 };
 
@@ -160,8 +160,8 @@ pub fn of(
         },
         "state_store": if is_stateful {
             Value::from(match pipeline.query.state_store {
-                StateStoreKind::RocksDb => "rocksdb",
-                StateStoreKind::Memory => "memory",
+                StoreKind::RocksDb => "rocksdb",
+                StoreKind::Memory => "memory",
             })
         } else {
             Value::Null

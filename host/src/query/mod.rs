@@ -30,7 +30,7 @@ pub use reload::ReloadOutcome;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
-use crate::operator::aggregate::{AggOutputMode, AggregateConfig, AggregateOperator, WindowConfig};
+use crate::operator::aggregate::{AggregateConfig, AggregateOperator, WindowConfig};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
@@ -45,7 +45,7 @@ use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceP
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
 use crate::spec::{self, OutputMode, Pipeline, SinkSpec, Trigger, WatermarkPolicy};
-use crate::state::{StateError, StateOptions, StoreKind};
+use crate::state::{StateError, StateOptions};
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
 use stage::{QuerySink, Transform};
 
@@ -291,6 +291,19 @@ impl Query {
     /// When the checkpoint is locked or damaged, or a plugin or the sink
     /// cannot start.
     pub fn start(pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
+        // The rules `weir validate` checks too, again for a pipeline built in code (a parsed
+        // one has been through them), before anything is opened.
+        let problems: Vec<String> = spec::stateful_problems(&pipeline)
+            .into_iter()
+            .chain(spec::sink_problems(&pipeline))
+            .map(|p| p.to_string())
+            .collect();
+        if !problems.is_empty() {
+            return Err(QueryError::Invalid {
+                query: pipeline.query.name.clone(),
+                message: problems.join("; "),
+            });
+        }
         let mut checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
         let last_planned = checkpoint.offsets().latest()?;
         let last_committed = checkpoint.commits().latest()?;
@@ -502,14 +515,9 @@ impl Query {
                 )?;
                 QuerySink::Wasm(Box::new(PluginSink::new(plugin)))
             }
-            SinkSpec::Files { path, format } => QuerySink::Native(Box::new(FilesSink::new(
-                path.clone(),
-                match format {
-                    spec::OutputFormat::Json => sink::files::FileFormat::Json,
-                    spec::OutputFormat::Csv => sink::files::FileFormat::Csv,
-                    spec::OutputFormat::Parquet => sink::files::FileFormat::Parquet,
-                },
-            )?)),
+            SinkSpec::Files { path, format } => {
+                QuerySink::Native(Box::new(FilesSink::new(path.clone(), *format)?))
+            }
             SinkSpec::Console { max_rows } => QuerySink::Native(Box::new(ConsoleSink::new(
                 options
                     .console
@@ -1317,13 +1325,7 @@ fn plan_stateful(
         message,
     };
     let state = state_options(query);
-    // The rules `weir validate` checks too (a pipeline built in code has
-    // not been through them), then the warnings, logged for the operator.
-    let problems = spec::stateful_problems(pipeline);
-    if !problems.is_empty() {
-        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        return Err(invalid(problems.join("; ")));
-    }
+    // The rules were checked by `Query::start`; the warnings are logged for the operator.
     for warning in spec::stateful_warnings(pipeline) {
         tracing::warn!(query = %query.name, "{warning}");
     }
@@ -1365,11 +1367,7 @@ fn plan_stateful(
             window,
             group_by: a.group_by.clone(),
             aggregates,
-            output_mode: match query.output_mode {
-                OutputMode::Append => AggOutputMode::Append,
-                OutputMode::Update => AggOutputMode::Update,
-                OutputMode::Complete => AggOutputMode::Complete,
-            },
+            output_mode: query.output_mode,
             watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
             num_partitions: query.state_partitions,
             state_dir,
@@ -1405,10 +1403,7 @@ fn plan_stateful(
 /// How the query's state stores keep their versions (`query.state_store`).
 fn state_options(query: &spec::QuerySpec) -> StateOptions {
     StateOptions {
-        kind: match query.state_store {
-            spec::StateStoreKind::RocksDb => StoreKind::RocksDb,
-            spec::StateStoreKind::Memory => StoreKind::Memory,
-        },
+        kind: query.state_store,
         ..StateOptions::default()
     }
 }
@@ -1417,7 +1412,8 @@ fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The Delta sink of the pipeline, checked against the query's output mode.
+/// The Delta sink of the pipeline (its output mode and `commit_every` fit: `Query::start`
+/// checked [`spec::sink_problems`]).
 fn delta_sink(
     spec: &spec::DeltaSinkSpec,
     query: &spec::QuerySpec,
@@ -1425,36 +1421,25 @@ fn delta_sink(
     query_id: &str,
     failpoint: Option<Failpoint>,
 ) -> Result<sink::delta::DeltaSink, QueryError> {
-    use sink::delta::{CommitPolicy, DeltaSink, DeltaSinkOptions, WriteMode};
-    let invalid = |message: String| QueryError::Invalid {
-        query: query.name.clone(),
-        message,
-    };
+    use sink::delta::{DeltaSink, DeltaSinkOptions, WriteMode};
     let mode = match query.output_mode {
         OutputMode::Append => WriteMode::Append,
         OutputMode::Complete => WriteMode::Complete,
+        // Refused by `spec::sink_problems` before any sink is opened; not reached.
         OutputMode::Update => {
-            return Err(invalid(
-                "a delta sink takes output_mode \"append\" or \"complete\", not \"update\" (as in Spark; upserts need MERGE)".into(),
-            ));
+            return Err(QueryError::Invalid {
+                query: query.name.clone(),
+                message: "a delta sink does not take output_mode \"update\"".into(),
+            });
         }
     };
-    let commit = match spec.commit_every {
-        spec::CommitEvery::Batches(n) => CommitPolicy::Batches(n.get()),
-        spec::CommitEvery::Interval(d) => CommitPolicy::Interval(d),
-    };
-    if mode == WriteMode::Complete && commit != CommitPolicy::Batches(1) {
-        return Err(invalid(
-            "sink.commit_every: complete mode rewrites the whole table every batch, so it commits every batch; remove commit_every".into(),
-        ));
-    }
     let sink = DeltaSink::new(DeltaSinkOptions {
         path: spec.path.clone(),
         query_id: query_id.to_owned(),
         mode,
         partition_by: spec.partition_by.clone(),
         target_file_size: spec.target_file_size,
-        commit,
+        commit: spec.commit_every,
         pending_dir,
         failpoint,
     })

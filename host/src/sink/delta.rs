@@ -45,7 +45,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -59,15 +59,7 @@ use deltalake::{DeltaTable, DeltaTableError};
 use crate::checkpoint::{CheckpointError, MAX_BATCH_ID};
 use crate::failpoint::{Failpoint, Phase};
 use crate::plugin::BatchInfo;
-
-/// When the sink commits (the pipeline file's `commit_every`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommitPolicy {
-    /// After this many batches (1: every batch).
-    Batches(u64),
-    /// At the first batch at least this long after the last commit.
-    Interval(Duration),
-}
+use crate::spec::CommitEvery;
 
 /// How the sink writes each batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +81,8 @@ pub struct DeltaSinkOptions {
     pub partition_by: Vec<String>,
     /// Parquet files are cut when they reach about this many bytes.
     pub target_file_size: u64,
-    pub commit: CommitPolicy,
+    /// When the sink commits (the pipeline file's `commit_every`).
+    pub commit: CommitEvery,
     /// Where lists of written but not yet committed files are kept (in the checkpoint).
     pub pending_dir: PathBuf,
     pub failpoint: Option<Failpoint>,
@@ -366,10 +359,10 @@ impl DeltaSink {
         let adds = self.write_files(n, schema, batches)?;
         let due = match (self.options.mode, self.options.commit) {
             (WriteMode::Complete, _) => true,
-            (WriteMode::Append, CommitPolicy::Batches(every)) => {
-                self.pending.len() as u64 + 1 >= every
+            (WriteMode::Append, CommitEvery::Batches(every)) => {
+                self.pending.len() as u64 + 1 >= every.get()
             }
-            (WriteMode::Append, CommitPolicy::Interval(every)) => {
+            (WriteMode::Append, CommitEvery::Interval(every)) => {
                 self.last_commit.elapsed() >= every
             }
         };
@@ -743,7 +736,7 @@ mod tests {
         }
     }
 
-    fn options(dir: &Path, mode: WriteMode, commit: CommitPolicy) -> DeltaSinkOptions {
+    fn options(dir: &Path, mode: WriteMode, commit: CommitEvery) -> DeltaSinkOptions {
         DeltaSinkOptions {
             path: dir.join("table"),
             query_id: "query-1".into(),
@@ -780,7 +773,7 @@ mod tests {
         let mut sink = DeltaSink::new(options(
             dir.path(),
             WriteMode::Append,
-            CommitPolicy::Batches(1),
+            CommitEvery::Batches(std::num::NonZeroU64::MIN),
         ))
         .unwrap();
         let b = batch(&[1, 2, 3]);
@@ -799,7 +792,7 @@ mod tests {
         let mut again = DeltaSink::new(options(
             dir.path(),
             WriteMode::Append,
-            CommitPolicy::Batches(1),
+            CommitEvery::Batches(std::num::NonZeroU64::MIN),
         ))
         .unwrap();
         assert_eq!(
@@ -812,7 +805,7 @@ mod tests {
     #[test]
     fn commit_every_keeps_written_batches_pending_across_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let policy = CommitPolicy::Batches(3);
+        let policy = CommitEvery::Batches(std::num::NonZeroU64::new(3).unwrap());
         let mut sink = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap();
         let schema = batch(&[0]).schema();
         assert_eq!(
@@ -855,7 +848,11 @@ mod tests {
     #[test]
     fn complete_mode_replaces_the_rows_and_partitions_are_rebuilt_by_the_reader() {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(dir.path(), WriteMode::Complete, CommitPolicy::Batches(1));
+        let mut opts = options(
+            dir.path(),
+            WriteMode::Complete,
+            CommitEvery::Batches(std::num::NonZeroU64::MIN),
+        );
         opts.partition_by = vec!["kind".into()];
         let mut sink = DeltaSink::new(opts).unwrap();
         let schema = batch(&[0]).schema();
@@ -877,7 +874,11 @@ mod tests {
     #[test]
     fn a_partition_column_missing_from_the_output_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(dir.path(), WriteMode::Append, CommitPolicy::Batches(1));
+        let mut opts = options(
+            dir.path(),
+            WriteMode::Append,
+            CommitEvery::Batches(std::num::NonZeroU64::MIN),
+        );
         opts.partition_by = vec!["region".into()];
         let mut sink = DeltaSink::new(opts).unwrap();
         let b = batch(&[1]);
@@ -929,7 +930,7 @@ mod tests {
     #[test]
     fn a_pending_list_naming_files_outside_the_table_is_corrupt_and_nothing_is_deleted() {
         let dir = tempfile::tempdir().unwrap();
-        let policy = CommitPolicy::Batches(3);
+        let policy = CommitEvery::Batches(std::num::NonZeroU64::new(3).unwrap());
         let mut sink = DeltaSink::new(options(dir.path(), WriteMode::Append, policy)).unwrap();
         let schema = batch(&[0]).schema();
         assert_eq!(

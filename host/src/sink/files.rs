@@ -33,23 +33,17 @@ use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 
+use crate::spec::OutputFormat;
+
 /// Rows per Parquet row group at most.
 const PARQUET_ROW_GROUP_ROWS: usize = 1_000_000;
 /// Size of the write buffer of the text formats.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
-/// Format of the files written by a [`FilesWriter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileFormat {
-    /// JSON lines: one object per row, keys in schema order, nulls omitted.
-    Json,
-    /// CSV with a header line, RFC 4180 quoting, `\n` line ends, null as an empty field.
-    Csv,
-    /// Parquet, snappy-compressed.
-    Parquet,
-}
-
-impl FileFormat {
+/// The files a [`FilesWriter`] writes: JSON lines (keys in schema order, nulls omitted), CSV
+/// with a header line (RFC 4180 quoting, `\n` line ends, null as an empty field) or Parquet
+/// (snappy-compressed).
+impl OutputFormat {
     /// The file name extension, without the dot.
     pub fn extension(self) -> &'static str {
         match self {
@@ -97,7 +91,7 @@ pub enum SinkFileError {
         /// Its type.
         data_type: DataType,
         /// The format.
-        format: FileFormat,
+        format: OutputFormat,
     },
     /// A batch does not have the schema given for the micro-batch.
     #[error("{}: record batch {index} does not match the sink schema: {reason}", file.display())]
@@ -139,12 +133,12 @@ pub enum SinkFileError {
 #[derive(Debug, Clone)]
 pub struct FilesWriter {
     dir: PathBuf,
-    format: FileFormat,
+    format: OutputFormat,
 }
 
 impl FilesWriter {
     /// A writer into `dir` (created on first write).
-    pub fn new(dir: PathBuf, format: FileFormat) -> Self {
+    pub fn new(dir: PathBuf, format: OutputFormat) -> Self {
         Self { dir, format }
     }
 
@@ -154,7 +148,7 @@ impl FilesWriter {
     }
 
     /// The file format.
-    pub fn format(&self) -> FileFormat {
+    pub fn format(&self) -> OutputFormat {
         self.format
     }
 
@@ -195,7 +189,7 @@ impl FilesWriter {
                 path: None,
             });
         }
-        if self.format != FileFormat::Parquet {
+        if self.format != OutputFormat::Parquet {
             check_text_types(&path, schema, self.format)?;
         }
         // Written under a hidden `.batch-….tmp` name, synced, renamed, the folder synced.
@@ -214,10 +208,10 @@ impl FilesWriter {
         batches: &[RecordBatch],
     ) -> Result<(), SinkFileError> {
         match self.format {
-            FileFormat::Parquet => write_parquet(file, path, schema, batches),
-            FileFormat::Json | FileFormat::Csv => {
+            OutputFormat::Parquet => write_parquet(file, path, schema, batches),
+            OutputFormat::Json | OutputFormat::Csv => {
                 let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
-                let written = if self.format == FileFormat::Json {
+                let written = if self.format == OutputFormat::Json {
                     write_json(&mut out, schema, batches)
                 } else {
                     write_csv(&mut out, schema, batches)
@@ -314,7 +308,7 @@ fn check_schemas(
 fn check_text_types(
     path: &Path,
     schema: &SchemaRef,
-    format: FileFormat,
+    format: OutputFormat,
 ) -> Result<(), SinkFileError> {
     for field in schema.fields() {
         if !text_supports(field.data_type()) {
@@ -815,7 +809,7 @@ mod tests {
     #[test]
     fn json_lines_exact_text() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().join("out"), FileFormat::Json);
+        let writer = FilesWriter::new(tmp.path().join("out"), OutputFormat::Json);
         let written = writer
             .write_batch(7, &schema(), &[batch_a(), batch_b()])
             .unwrap();
@@ -849,7 +843,7 @@ mod tests {
     #[test]
     fn csv_exact_text() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Csv);
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Csv);
         let written = writer
             .write_batch(0, &schema(), &[batch_a(), batch_b()])
             .unwrap();
@@ -866,7 +860,7 @@ mod tests {
     #[test]
     fn parquet_round_trip() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Parquet);
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Parquet);
         let written = writer
             .write_batch(12, &schema(), &[batch_a(), batch_b()])
             .unwrap();
@@ -903,7 +897,7 @@ mod tests {
     #[test]
     fn replayed_batch_replaces_the_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Json);
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Json);
         writer
             .write_batch(1, &schema(), &[batch_a(), batch_b()])
             .unwrap();
@@ -926,7 +920,7 @@ mod tests {
     fn no_rows_no_file() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("out");
-        for format in [FileFormat::Json, FileFormat::Csv, FileFormat::Parquet] {
+        for format in [OutputFormat::Json, OutputFormat::Csv, OutputFormat::Parquet] {
             let writer = FilesWriter::new(dir.clone(), format);
             let empty = batch_a().slice(0, 0);
             assert_eq!(
@@ -940,7 +934,7 @@ mod tests {
         }
         assert!(!dir.exists());
         // An empty replay of a batch removes the earlier attempt's file.
-        let writer = FilesWriter::new(dir.clone(), FileFormat::Csv);
+        let writer = FilesWriter::new(dir.clone(), OutputFormat::Csv);
         writer.write_batch(5, &schema(), &[batch_a()]).unwrap();
         writer.write_batch(5, &schema(), &[]).unwrap();
         assert!(names(&dir).is_empty());
@@ -949,9 +943,9 @@ mod tests {
     #[test]
     fn temp_files_are_cleaned() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Parquet);
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Parquet);
         assert_eq!(
-            FilesWriter::new(tmp.path().join("missing"), FileFormat::Json)
+            FilesWriter::new(tmp.path().join("missing"), OutputFormat::Json)
                 .clean_temp_files()
                 .unwrap(),
             0
@@ -979,7 +973,7 @@ mod tests {
     #[test]
     fn errors_name_the_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let writer = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Json);
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Json);
         let other = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
         let err = writer.write_batch(9, &other, &[batch_a()]).unwrap_err();
         let msg = err.to_string();
@@ -1005,7 +999,7 @@ mod tests {
         );
         assert!(names(tmp.path()).is_empty());
         // Parquet writes any type.
-        let parquet = FilesWriter::new(tmp.path().to_path_buf(), FileFormat::Parquet);
+        let parquet = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Parquet);
         assert_eq!(
             parquet.write_batch(9, &list_schema, &[batch]).unwrap().rows,
             1
@@ -1013,7 +1007,7 @@ mod tests {
 
         let blocked = tmp.path().join("file");
         std::fs::write(&blocked, "x").unwrap();
-        let err = FilesWriter::new(blocked.join("sub"), FileFormat::Csv)
+        let err = FilesWriter::new(blocked.join("sub"), OutputFormat::Csv)
             .write_batch(0, &schema(), &[batch_a()])
             .unwrap_err();
         assert!(

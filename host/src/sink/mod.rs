@@ -160,7 +160,10 @@ impl FilesSink {
     ///
     /// # Errors
     /// When leftover temporary files cannot be removed.
-    pub fn new(dir: std::path::PathBuf, format: files::FileFormat) -> Result<Self, SinkError> {
+    pub fn new(
+        dir: std::path::PathBuf,
+        format: crate::spec::OutputFormat,
+    ) -> Result<Self, SinkError> {
         let description = format!("FileSink[{}]", dir.display());
         let writer = files::FilesWriter::new(dir, format);
         writer.clean_temp_files()?;

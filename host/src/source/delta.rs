@@ -764,7 +764,7 @@ mod tests {
 
     use super::*;
     use crate::plugin::BatchInfo;
-    use crate::sink::delta::{CommitPolicy, DeltaSink, DeltaSinkOptions, WriteMode};
+    use crate::sink::delta::{DeltaSink, DeltaSinkOptions, WriteMode};
 
     fn write(dir: &Path, query: &str, mode: WriteMode, batch_id: u64, ids: &[i64]) {
         let mut sink = DeltaSink::new(DeltaSinkOptions {
@@ -773,7 +773,7 @@ mod tests {
             mode,
             partition_by: Vec::new(),
             target_file_size: 128 << 20,
-            commit: CommitPolicy::Batches(1),
+            commit: crate::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
             pending_dir: dir.join("pending"),
             failpoint: None,
         })

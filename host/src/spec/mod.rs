@@ -10,17 +10,37 @@
 //! - `mod.rs`: the public types, [`load`] and [`parse`].
 //! - `overrides.rs`: `--set KEY=VALUE` applied to the TOML tree before anything else.
 //! - `raw.rs`: the file as serde sees it (`deny_unknown_fields`), read tolerantly so that every
-//!   unknown key and wrongly typed value is reported, not only the first.
-//! - `validate.rs`: the semantic pass from the raw structs to [`Pipeline`].
+//!   unknown key and wrongly typed value is reported, not only the first. A `[[source]]` or
+//!   `[sink]` is read as the struct of its `kind` (`RawFilesSource`, `RawDeltaSink`, ...), so an
+//!   unknown key is reported with exactly that kind's keys.
+//! - `validate.rs` (with `validate/kafka.rs`, `validate/merge.rs`): the semantic pass from the raw
+//!   structs to [`Pipeline`].
+//! - `stateful.rs`, `sink_modes.rs`: the rules across tables (Spark's output modes for stateful
+//!   operators; which sink takes which output mode), run by validation and again by
+//!   `Query::start` for a pipeline built in code, so `weir validate` and `weir run` refuse the
+//!   same files with the same words.
 //! - `ddl.rs`: Spark DDL schema strings → Arrow schemas.
 //! - `merge.rs`: the settings of a Delta MERGE (sink and capability), its condition parser.
 //! - `duration.rs`, `size.rs`: "30s" / "10 minutes" and "64 MiB" / "1 GiB".
+//!
+//! # Adding a key
+//! A key of one source or sink kind touches that kind only: add an `Option` field to its raw
+//! struct in `raw.rs` (which makes it a known key, listed in that kind's "unknown key" message),
+//! read it in the kind's function in `validate.rs` (defaults, ranges, every problem pushed with
+//! its key path), and add the typed field to the kind's spec struct here, which is what the
+//! runtime (`source::open`, `sink/`, `query/`) receives. A new kind adds a raw struct, one arm
+//! in `raw::read_source` / `raw::read_sink` (and its name in `SOURCE_KINDS` / `SINK_KINDS` and
+//! `SOURCE_STRUCTS` / `SINK_STRUCTS`), a variant of [`SourceKind`] / [`SinkSpec`] and its
+//! validating function. A setting that the runtime would refuse (an output mode a sink cannot
+//! write, a combination Spark refuses) is a rule of `sink_modes.rs` or `stateful.rs`, never a
+//! check at start only: `weir validate` must refuse what `weir run` refuses.
 
 pub mod ddl;
 pub mod duration;
 pub mod merge;
 mod overrides;
 mod raw;
+mod sink_modes;
 pub mod size;
 mod stateful;
 mod validate;
@@ -31,11 +51,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::plugin::HttpGrant;
+pub use crate::state::StoreKind;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use merge::{
     CompareOp, MergeCondition, MergeDedup, MergeTableSpec, parse_condition, parse_dedup,
 };
+pub use sink_modes::sink_problems;
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
 pub use stateful::{stateful_problems, stateful_warnings};
 
@@ -74,19 +96,12 @@ pub struct QuerySpec {
     /// `max_batch_retries`: retries of a batch failing with a retryable error (default 2).
     pub max_batch_retries: u32,
     /// `state_store`: where stateful operators keep state (default rocksdb).
-    pub state_store: StateStoreKind,
+    pub state_store: StoreKind,
     /// `state_partitions`: how many partitions state is split into (default 2, like the
     /// reference Spark runs); frozen in the checkpoint at the first start.
     pub state_partitions: u32,
     /// `watermark_policy`: how the watermarks of several inputs combine (default min).
     pub watermark_policy: WatermarkPolicy,
-}
-
-/// `query.state_store`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateStoreKind {
-    RocksDb,
-    Memory,
 }
 
 /// `query.watermark_policy`: Spark's `spark.sql.streaming.multipleWatermarkPolicy`.

@@ -4,8 +4,8 @@
 //! Why here and not only in the operators: `weir validate` must refuse what
 //! `weir run` refuses, in the same list as every other problem and with the
 //! key to change, without opening a checkpoint or a state store. The rules
-//! need names only (the output mode, the window kind, the keys and the
-//! watermark column); what needs the input schema — a column that does not
+//! need names only (the output mode, the window kind, the keys, the
+//! aggregate functions and the watermark column); what needs the input schema — a column that does not
 //! exist, an aggregate over the wrong type — is left to the operators, which
 //! check it again at start. The same reading of a pipeline gives the
 //! warnings about state that can only grow, as data, so that callers can
@@ -14,6 +14,7 @@
 use super::validate::Collector;
 use super::{AggregateSpec, DeduplicateSpec, OutputMode, Pipeline, Problem, WatermarkSpec};
 use super::{WindowKind, WindowSpec};
+use crate::operator::aggregate::{AggFunction, AggregateError, parse_agg_expr};
 
 /// A table of the file as far as validation got: absent, present but with
 /// problems already reported, or valid.
@@ -100,6 +101,19 @@ fn problems(
                      session's bounds change as it merges, so there is no stable row to update); \
                      use \"append\" or \"complete\"",
                 ));
+            }
+            if session {
+                for (i, text) in a.select.iter().enumerate() {
+                    let distinct = parse_agg_expr(text)
+                        .is_ok_and(|expr| expr.function == AggFunction::CountDistinct);
+                    if distinct {
+                        let refused = AggregateError::DistinctWithSession { expr: text.clone() };
+                        out.push(Problem::new(
+                            format!("aggregate.select[{i}]"),
+                            refused.to_string(),
+                        ));
+                    }
+                }
             }
             if session && a.group_by.is_empty() {
                 out.push(Problem::new(

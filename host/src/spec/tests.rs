@@ -111,7 +111,7 @@ fn example_round_trips_to_the_expected_pipeline() {
             trigger: Trigger::AvailableNow,
             output_mode: OutputMode::Append,
             max_batch_retries: 2,
-            state_store: StateStoreKind::RocksDb,
+            state_store: StoreKind::RocksDb,
             state_partitions: 2,
             watermark_policy: WatermarkPolicy::Min,
         },
@@ -220,7 +220,7 @@ path = "t"
     let found = problems(dir.path(), text, &[]);
     let missing = dir.path().join("plugins/missing.wasm");
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.max_file_per_trigger", "unknown key (known keys: name, kind, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, starting_version)"),
+        ("source.orders.max_file_per_trigger", "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
         ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
@@ -576,7 +576,7 @@ fn sink_kinds_and_their_keys() {
         vec![
             (
                 "sink.max_rows".into(),
-                "not a key of a files sink (its keys: kind, path, format)".into()
+                "unknown key of a files sink (known keys: kind, path, format); it is a key of console sinks".into()
             ),
             ("sink.path".into(), "required key is missing".into()),
             (
@@ -594,7 +594,7 @@ fn sink_kinds_and_their_keys() {
         found,
         vec![(
             "sink.path".to_string(),
-            "not a key of a memory sink (it takes only kind)".to_string()
+            "unknown key of a memory sink (known keys: kind); it is a key of files, delta and delta-merge sinks".to_string()
         )]
     );
     let found = problems(
@@ -930,7 +930,7 @@ fn unknown_keys_list_the_known_ones_whatever_their_name() {
         found,
         vec![(
             "sink.expected_rows".to_string(),
-            "unknown key (known keys: kind, path, format, max_rows, name, plugin, config, limits, capabilities, sha256, bootstrap_servers, topic, key, value, delivery, partition_by, target_file_size, commit_every, keys, when_matched_update, dedup)".to_string()
+            "unknown key of a memory sink (known keys: kind)".to_string()
         )]
     );
 }
@@ -966,7 +966,7 @@ kind = "console"
 fn stateful_tables_are_read() {
     let dir = workspace();
     let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
-    assert_eq!(p.query.state_store, StateStoreKind::Memory);
+    assert_eq!(p.query.state_store, StoreKind::Memory);
     assert_eq!(p.query.state_partitions, 4);
     assert_eq!(
         p.watermark,
@@ -1152,7 +1152,7 @@ fn delta_sink_keys_are_typed_and_checked() {
     assert_eq!(
         found,
         vec![
-            ("sink.format".into(), "not a key of a delta sink (its keys: kind, path, partition_by, target_file_size, commit_every)".into()),
+            ("sink.format".into(), "unknown key of a delta sink (known keys: kind, path, partition_by, target_file_size, commit_every); it is a key of files sinks".into()),
             ("sink.path".into(), "required key is missing".into()),
             ("sink.partition_by[1]".into(), "column \"a\" is listed twice".into()),
             ("sink.target_file_size".into(), "\"big\" is not a size: use an integer with an optional unit B, KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based), e.g. \"64 MiB\"".into()),
@@ -1169,7 +1169,7 @@ fn delta_sink_keys_are_typed_and_checked() {
         found,
         vec![(
             "sink.commit_every".to_string(),
-            "not a key of a files sink (its keys: kind, path, format)".to_string()
+            "unknown key of a files sink (known keys: kind, path, format); it is a key of delta sinks".to_string()
         )]
     );
 }
@@ -1210,7 +1210,7 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
     assert_eq!(
         found,
         vec![
-            ("sink.commit_every".into(), "not a key of a delta-merge sink (its keys: kind, path, keys, when_matched_update, dedup, target_file_size)".into()),
+            ("sink.commit_every".into(), "unknown key of a delta-merge sink (known keys: kind, path, keys, when_matched_update, dedup, target_file_size); it is a key of delta sinks".into()),
             ("sink.path".into(), "required key is missing".into()),
             ("sink.keys[1]".into(), "column \"id\" is listed twice".into()),
             ("sink.when_matched_update".into(), "\"s.at > s.at\": compares two columns of the same side; compare a source column (s.) with a target column (t.)".into()),
@@ -1310,8 +1310,8 @@ fn delta_source_takes_a_path_and_a_starting_version() {
     );
     let found = problems(dir.path(), &text, &[]);
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.format".into(), "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, starting_version; the schema is the table's)".into()),
-        ("source.orders.schema".into(), "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, starting_version; the schema is the table's)".into()),
+        ("source.orders.format".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version; the schema is the table's); it is a key of files and kafka sources".into()),
+        ("source.orders.schema".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version; the schema is the table's); it is a key of files and kafka sources".into()),
         ("source.orders.path".into(), "required key is missing".into()),
         ("source.orders.starting_version".into(), "must be a table version (0 or more), not -1".into()),
     ];
@@ -1324,7 +1324,7 @@ fn delta_source_takes_a_path_and_a_starting_version() {
         problems(dir.path(), &text, &[]),
         vec![(
             "source.orders.starting_version".to_string(),
-            "only a delta source takes starting_version".to_string()
+            "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv); it is a key of delta sources".to_string()
         )]
     );
 }
@@ -1380,7 +1380,154 @@ fn a_plugin_may_pin_its_sha256_and_a_malformed_hash_is_reported_with_its_key() {
         found,
         vec![(
             "sink.sha256".to_string(),
-            "not a key of a memory sink (it takes only kind)".to_string()
+            "unknown key of a memory sink (known keys: kind); it is a key of plugin sinks"
+                .to_string()
         )]
+    );
+}
+
+#[test]
+fn what_weir_run_refused_at_start_is_refused_by_validation() {
+    let dir = workspace();
+    let delta = |mode: &str, sink: &str| {
+        STATEFUL
+            .replace(
+                "state_partitions = 4",
+                &format!("state_partitions = 4\noutput_mode = \"{mode}\""),
+            )
+            .replace("[sink]\nkind = \"console\"\n", sink)
+    };
+    // A Delta sink writes appends or the whole table, never updates.
+    let found = problems(
+        dir.path(),
+        &delta("update", "[sink]\nkind = \"delta\"\npath = \"t\"\n"),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![(
+            "query.output_mode".to_string(),
+            "a delta sink takes output_mode \"append\" or \"complete\", not \"update\" (as in Spark; upserts need MERGE: use kind = \"delta-merge\")".to_string()
+        )]
+    );
+    // Complete mode rewrites the table every batch: no commit_every other than 1.
+    let found = problems(
+        dir.path(),
+        &delta(
+            "complete",
+            "[sink]\nkind = \"delta\"\npath = \"t\"\ncommit_every = \"1 minute\"\n",
+        ),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![(
+            "sink.commit_every".to_string(),
+            "complete mode rewrites the whole table every batch, so it commits every batch; remove commit_every".to_string()
+        )]
+    );
+    let every_batch = delta(
+        "complete",
+        "[sink]\nkind = \"delta\"\npath = \"t\"\ncommit_every = 1\n",
+    );
+    assert!(parse_in(dir.path(), &every_batch, &[]).is_ok());
+    assert!(
+        parse_in(
+            dir.path(),
+            &delta(
+                "update",
+                "[sink]\nkind = \"delta-merge\"\npath = \"t\"\nkeys = [\"status\"]\n"
+            ),
+            &[]
+        )
+        .is_ok()
+    );
+
+    // Aggregates the operator cannot parse, each with its index.
+    let text = STATEFUL.replace(
+        "select = [\"sum(amount) AS revenue\", \"count(*) AS orders\"]",
+        "select = [\"sum(amount) AS revenue\", \"median(amount)\", \"sum(amount + 1)\"]",
+    );
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![
+            (
+                "aggregate.select[1]".to_string(),
+                "aggregate \"median(amount)\": unknown function \"median\"; supported: count, sum, avg, mean, min, max, approx_count_distinct".to_string()
+            ),
+            (
+                "aggregate.select[2]".to_string(),
+                "aggregate \"sum(amount + 1)\": sum takes one column name; compute expressions in a transform before the aggregation".to_string()
+            ),
+        ]
+    );
+    let many: Vec<String> = (0..256).map(|i| format!("\"count(*) AS c{i}\"")).collect();
+    let text = STATEFUL.replace(
+        "select = [\"sum(amount) AS revenue\", \"count(*) AS orders\"]",
+        &format!("select = [{}]", many.join(", ")),
+    );
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![(
+            "aggregate.select".to_string(),
+            "256 aggregates; at most 255 are supported".to_string()
+        )]
+    );
+    // An exact distinct count cannot follow sessions as they merge.
+    let text = STATEFUL
+        .replace(
+            "size = \"5 minutes\", slide = \"1 minute\"",
+            "gap = \"5 minutes\"",
+        )
+        .replace(
+            "\"count(*) AS orders\"",
+            "\"count(DISTINCT order_id) AS orders\"",
+        );
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![(
+            "aggregate.select[1]".to_string(),
+            "aggregate \"count(DISTINCT order_id) AS orders\": count(DISTINCT) is not supported with session windows (its values would have to move with every session merge); use approx_count_distinct".to_string()
+        )]
+    );
+}
+
+#[test]
+fn each_kind_reads_only_its_own_keys_and_reports_all_of_them() {
+    let dir = workspace();
+    // A Kafka source with keys of files sources, a wrongly typed key and an unknown one.
+    let text = MINIMAL.replace(
+        "kind = \"files\"\npath = \"in\"\nformat = \"json\"\nschema = \"id BIGINT\"\n",
+        "kind = \"kafka\"\nbootstrap_servers = \"b:1\"\nsubscribe = [\"t\"]\npath = \"in\"\n\
+         fail_on_data_loss = \"no\"\ncsv = { header = true }\ncolour = \"red\"\n",
+    );
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![
+            ("source.orders.colour".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path)".to_string()),
+            ("source.orders.csv".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path); it is a key of files sources".to_string()),
+            ("source.orders.fail_on_data_loss".to_string(), "invalid type: string \"no\", expected a boolean".to_string()),
+            ("source.orders.path".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path); it is a key of files and delta sources".to_string()),
+        ]
+    );
+    // A kind that is not a string is reported once, as a type, not also as missing.
+    let text = MINIMAL.replace("kind = \"memory\"", "kind = 3");
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![(
+            "sink.kind".to_string(),
+            "invalid type: integer `3`, expected a string".to_string()
+        )]
+    );
+    // Problems under a kind's nested tables keep their full path.
+    let text = MINIMAL.replace(
+        "[sink]\nkind = \"memory\"\n",
+        "[sink]\nkind = \"plugin\"\nplugin = \"sinks/jsonl_sink.wasm\"\nlimits = { memory = true, speed = 1 }\n",
+    );
+    let found = problems(dir.path(), &text, &[]);
+    assert_eq!(
+        paths(&found),
+        ["sink.limits.speed", "sink.limits.memory"],
+        "{found:?}"
     );
 }

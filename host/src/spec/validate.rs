@@ -17,12 +17,13 @@ mod merge;
 
 use super::duration::parse_duration;
 use super::raw::{
-    RawAggregate, RawCapabilities, RawDeduplicate, RawLimits, RawMergeTable, RawPipeline, RawQuery,
-    RawSink, RawSource, RawTransform, RawWatermark, source_label,
+    RawAggregate, RawCapabilities, RawDeduplicate, RawDeltaSink, RawDeltaSource, RawFilesSource,
+    RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink, RawSource, RawTransform,
+    RawWatermark, SINK_KINDS, SOURCE_KINDS, source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
 use super::{
-    AggregateSpec, DeduplicateSpec, StateStoreKind, WatermarkPolicy, WatermarkSpec, WindowKind,
+    AggregateSpec, DeduplicateSpec, StoreKind, WatermarkPolicy, WatermarkSpec, WindowKind,
     WindowSpec,
 };
 use super::{
@@ -37,6 +38,9 @@ const MAX_WASM_MEMORY: u64 = 4 << 30;
 
 const DEFAULT_MAX_BATCH_RETRIES: u32 = 2;
 const DEFAULT_CONSOLE_MAX_ROWS: usize = 20;
+
+/// The most aggregates one `[aggregate]` may compute (the operator's state layout).
+const MAX_AGGREGATES: usize = 255;
 
 const TRIGGER_HINT: &str = "use \"available-now\", \"once\" or a duration such as \"30s\"";
 
@@ -197,6 +201,7 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         c,
     );
     let sink = sink(raw.sink, base, c);
+    super::sink_modes::check(output_mode, sink.as_ref(), c);
     Some(Pipeline {
         query: query?,
         sources: sources?,
@@ -243,14 +248,14 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
         }),
     };
     let state_store = match q.state_store.as_deref() {
-        None => Some(StateStoreKind::RocksDb),
+        None => Some(StoreKind::RocksDb),
         Some(kind) => c.choice(
             "query.state_store",
             kind,
             "a state store",
             &[
-                ("rocksdb", StateStoreKind::RocksDb),
-                ("memory", StateStoreKind::Memory),
+                ("rocksdb", StoreKind::RocksDb),
+                ("memory", StoreKind::Memory),
             ],
         ),
     };
@@ -396,7 +401,27 @@ fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
         }
     };
     let group_by = a.group_by.unwrap_or_default();
-    let select = non_empty_names(c, "aggregate.select", a.select);
+    let select = non_empty_names(c, "aggregate.select", a.select).and_then(|select| {
+        // Parsed here as well as by the operator, so that `weir validate` reports a typo.
+        let mut ok = true;
+        for (i, text) in select.iter().enumerate() {
+            if let Err(err) = crate::operator::aggregate::parse_agg_expr(text) {
+                ok = false;
+                c.push(&format!("aggregate.select[{i}]"), err.to_string());
+            }
+        }
+        if select.len() > MAX_AGGREGATES {
+            ok = false;
+            c.push(
+                "aggregate.select",
+                format!(
+                    "{} aggregates; at most {MAX_AGGREGATES} are supported",
+                    select.len()
+                ),
+            );
+        }
+        ok.then_some(select)
+    });
     Some(AggregateSpec {
         window: window?,
         group_by,
@@ -466,7 +491,7 @@ fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<So
     }
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, s) in raw.iter().enumerate() {
-        if let Some(name) = s.name.as_deref().filter(|n| !n.is_empty()) {
+        if let Some(name) = s.name().filter(|n| !n.is_empty()) {
             if let Some(first) = seen.get(name) {
                 c.push(
                     &format!("{}.name", source_label(i, Some(name))),
@@ -562,44 +587,49 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
 }
 
 fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<SourceSpec> {
-    let label = source_label(index, s.name.as_deref());
+    let label = source_label(index, s.name());
     let key = |k: &str| format!("{label}.{k}");
     let name = c
-        .required(&key("name"), s.name.clone())
+        .required(&key("name"), s.name().map(str::to_owned))
         .and_then(|n| check_name(c, &key("name"), n));
-    if s.kind.as_deref() == Some("kafka") {
-        return kafka::source(&label, name, s, base, c);
-    }
-    let kind_ok = match s.kind.as_deref() {
-        None => {
+    match s {
+        RawSource::Files(f) => files_source(&label, name, f, base, c),
+        RawSource::Kafka(k) => kafka::source(&label, name, k, base, c),
+        RawSource::Delta(d) => delta_source(&label, name, d, base, c),
+        RawSource::NoKind(f) => {
             c.push(
                 &key("kind"),
-                "required key is missing: use \"files\", \"kafka\" or \"delta\"",
+                format!(
+                    "required key is missing: use {}",
+                    quoted_list(&SOURCE_KINDS)
+                ),
             );
-            false
+            // Checked as files all the same, so that its other problems are in the same list.
+            let _ = files_source(&label, name, f, base, c);
+            None
         }
-        Some("files") => true,
-        Some("delta") => {
-            let s = RawSource { name: None, ..s };
-            return delta_source(&label, name, s, base, c);
-        }
-        Some(other) => {
-            // The other keys belong to a kind that does not exist: checking them as files keys
-            // would only add noise.
+        RawSource::UnknownKind { kind, .. } => {
             c.push(
                 &key("kind"),
-                format!("{other:?} is not a source kind: use \"files\", \"kafka\" or \"delta\""),
+                format!(
+                    "{kind:?} is not a source kind: use {}",
+                    quoted_list(&SOURCE_KINDS)
+                ),
             );
-            return None;
+            None
         }
-    };
-    if s.starting_version.is_some() {
-        c.push(
-            &key("starting_version"),
-            "only a delta source takes starting_version",
-        );
     }
+}
 
+/// A `kind = "files"` source labelled `label`.
+fn files_source(
+    label: &str,
+    name: Option<String>,
+    s: RawFilesSource,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<SourceSpec> {
+    let key = |k: &str| format!("{label}.{k}");
     let path = c.path(&key("path"), s.path, base);
     let format_name = s.format.as_deref();
     let format = match format_name {
@@ -654,25 +684,7 @@ fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<
             .map(Some),
     };
     let (on_malformed, dead_letter_path) =
-        malformed_policy(c, &label, s.on_malformed, s.dead_letter_path, base);
-    for (k, here) in [
-        ("bootstrap_servers", s.bootstrap_servers.is_some()),
-        ("subscribe", s.subscribe.is_some()),
-        ("subscribe_pattern", s.subscribe_pattern.is_some()),
-        ("starting_offsets", s.starting_offsets.is_some()),
-        (
-            "max_offsets_per_trigger",
-            s.max_offsets_per_trigger.is_some(),
-        ),
-        ("fail_on_data_loss", s.fail_on_data_loss.is_some()),
-    ] {
-        if here {
-            c.push(&key(k), "a key of kafka sources, not of a files source");
-        }
-    }
-    if !kind_ok {
-        return None;
-    }
+        malformed_policy(c, label, s.on_malformed, s.dead_letter_path, base);
     Some(SourceSpec {
         name: name?,
         kind: SourceKind::Files(FilesSourceSpec {
@@ -742,27 +754,11 @@ fn malformed_policy(
 fn delta_source(
     label: &str,
     name: Option<String>,
-    s: RawSource,
+    s: RawDeltaSource,
     base: &Path,
     c: &mut Collector,
 ) -> Option<SourceSpec> {
     let key = |k: &str| format!("{label}.{k}");
-    let stray = [
-        ("format", s.format.is_some()),
-        ("schema", s.schema.is_some()),
-        ("on_malformed", s.on_malformed.is_some()),
-        ("dead_letter_path", s.dead_letter_path.is_some()),
-        ("csv", s.csv.is_some()),
-    ];
-    let mut ok = true;
-    for (k, _) in stray.iter().filter(|(_, here)| *here) {
-        ok = false;
-        c.push(
-            &key(k),
-            "not a key of a delta source (its keys: name, kind, path, max_files_per_trigger, \
-             starting_version; the schema is the table's)",
-        );
-    }
     let path = c.path(&key("path"), s.path, base);
     let max_files_per_trigger = match s.max_files_per_trigger {
         None => Some(None),
@@ -785,9 +781,6 @@ fn delta_source(
             }
         },
     };
-    if !ok {
-        return None;
-    }
     Some(SourceSpec {
         name: name?,
         kind: SourceKind::Delta(DeltaSourceSpec {
@@ -1053,95 +1046,29 @@ fn limits(c: &mut Collector, path: &str, raw: Option<RawLimits>) -> Option<Plugi
 }
 
 fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec> {
-    const KINDS: [&str; 7] = [
-        "files",
-        "console",
-        "plugin",
-        "memory",
-        "kafka",
-        "delta",
-        "delta-merge",
-    ];
     let Some(s) = raw else {
         c.push("sink", "required table [sink] is missing");
         return None;
     };
-    let Some(kind) = s.kind.as_deref() else {
-        c.push(
-            "sink.kind",
-            format!("required key is missing: use {}", quoted_list(&KINDS)),
-        );
-        return None;
-    };
-    let takes: &[&str] = match kind {
-        "files" => &["path", "format"],
-        "console" => &["max_rows"],
-        "memory" => &[],
-        "plugin" => &[
-            "name",
-            "plugin",
-            "config",
-            "limits",
-            "capabilities",
-            "sha256",
-        ],
-        "kafka" => &["bootstrap_servers", "topic", "key", "value", "delivery"],
-        "delta" => &["path", "partition_by", "target_file_size", "commit_every"],
-        "delta-merge" => &[
-            "path",
-            "keys",
-            "when_matched_update",
-            "dedup",
-            "target_file_size",
-        ],
-        other => {
+    match s {
+        RawSink::NoKind => {
             c.push(
                 "sink.kind",
-                format!("{other:?} is not a sink kind: use {}", quoted_list(&KINDS)),
+                format!("required key is missing: use {}", quoted_list(&SINK_KINDS)),
             );
-            return None;
+            None
         }
-    };
-    let present = [
-        ("path", s.path.is_some()),
-        ("format", s.format.is_some()),
-        ("max_rows", s.max_rows.is_some()),
-        ("name", s.name.is_some()),
-        ("plugin", s.plugin.is_some()),
-        ("config", s.config.is_some()),
-        ("limits", s.limits.is_some()),
-        ("capabilities", s.capabilities.is_some()),
-        ("sha256", s.sha256.is_some()),
-        ("bootstrap_servers", s.bootstrap_servers.is_some()),
-        ("topic", s.topic.is_some()),
-        ("key", s.key.is_some()),
-        ("value", s.value.is_some()),
-        ("delivery", s.delivery.is_some()),
-        ("partition_by", s.partition_by.is_some()),
-        ("target_file_size", s.target_file_size.is_some()),
-        ("commit_every", s.commit_every.is_some()),
-        ("keys", s.keys.is_some()),
-        ("when_matched_update", s.when_matched_update.is_some()),
-        ("dedup", s.dedup.is_some()),
-    ];
-    let mut stray = false;
-    for (key, _) in present
-        .iter()
-        .filter(|(k, here)| *here && !takes.contains(k))
-    {
-        stray = true;
-        let keys = if takes.is_empty() {
-            "it takes only kind".to_string()
-        } else {
-            format!("its keys: kind, {}", takes.join(", "))
-        };
-        c.push(
-            &format!("sink.{key}"),
-            format!("not a key of a {kind} sink ({keys})"),
-        );
-    }
-    let spec = match kind {
-        "files" => {
+        RawSink::UnknownKind(other) => {
+            c.push(
+                "sink.kind",
+                format!(
+                    "{other:?} is not a sink kind: use {}",
+                    quoted_list(&SINK_KINDS)
+                ),
+            );
+            None
+        }
+        RawSink::Files(s) => {
             let path = c.path("sink.path", s.path, base);
             let format = match s.format.as_deref() {
                 None => Some(OutputFormat::Parquet),
@@ -1161,7 +1088,7 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
                 format: format?,
             })
         }
-        "console" => {
+        RawSink::Console(s) => {
             let max_rows = match s.max_rows {
                 None => Some(DEFAULT_CONSOLE_MAX_ROWS),
                 Some(n) => c
@@ -1172,68 +1099,36 @@ fn sink(raw: Option<RawSink>, base: &Path, c: &mut Collector) -> Option<SinkSpec
                 max_rows: max_rows?,
             })
         }
-        "memory" => Some(SinkSpec::Memory),
-        "kafka" => kafka::sink(
-            kafka::RawKafkaSink {
-                bootstrap_servers: s.bootstrap_servers,
-                topic: s.topic,
-                key: s.key,
-                value: s.value,
-                delivery: s.delivery,
-            },
-            c,
-        ),
-        "delta" => delta_sink(
-            c,
-            s.path,
-            s.partition_by,
-            s.target_file_size,
-            s.commit_every,
-            base,
-        ),
-        "delta-merge" => merge::table(
-            c,
-            "sink",
-            RawMergeTable {
-                path: s.path,
-                keys: s.keys,
-                when_matched_update: s.when_matched_update,
-                dedup: s.dedup,
-                target_file_size: s.target_file_size,
-            },
-            base,
-        )
-        .map(SinkSpec::DeltaMerge),
-        _ => {
-            let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
-            let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
-            let config = config(c, "sink.config", s.config);
-            let limits = limits(c, "sink.limits", s.limits);
-            let capabilities = capabilities(c, "sink.capabilities", s.capabilities, base);
-            let sha256 = sha256(c, "sink.sha256", s.sha256);
-            Some(SinkSpec::Plugin(PluginSinkSpec {
-                name: name?,
-                plugin: plugin?,
-                config: config?,
-                limits: limits?,
-                capabilities: capabilities?,
-                sha256: sha256?,
-            }))
-        }
-    };
-    if stray { None } else { spec }
+        RawSink::Memory(_) => Some(SinkSpec::Memory),
+        RawSink::Kafka(s) => kafka::sink(s, c),
+        RawSink::Delta(s) => delta_sink(c, s, base),
+        RawSink::DeltaMerge(s) => merge::table(c, "sink", s, base).map(SinkSpec::DeltaMerge),
+        RawSink::Plugin(s) => plugin_sink(c, s, base),
+    }
 }
 
-fn delta_sink(
-    c: &mut Collector,
-    path: Option<String>,
-    partition_by: Option<Vec<String>>,
-    target_file_size: Option<Value>,
-    commit_every: Option<Value>,
-    base: &Path,
-) -> Option<SinkSpec> {
-    let path = c.path("sink.path", path, base);
-    let partition_by = partition_by.unwrap_or_default();
+/// A `kind = "plugin"` sink: a Wasm foreachBatch sink.
+fn plugin_sink(c: &mut Collector, s: RawPluginSink, base: &Path) -> Option<SinkSpec> {
+    let name = plugin_name(c, "sink.name", s.name, s.plugin.as_deref());
+    let plugin = plugin_path(c, "sink.plugin", s.plugin, base);
+    let config = config(c, "sink.config", s.config);
+    let limits = limits(c, "sink.limits", s.limits);
+    let capabilities = capabilities(c, "sink.capabilities", s.capabilities, base);
+    let sha256 = sha256(c, "sink.sha256", s.sha256);
+    Some(SinkSpec::Plugin(PluginSinkSpec {
+        name: name?,
+        plugin: plugin?,
+        config: config?,
+        limits: limits?,
+        capabilities: capabilities?,
+        sha256: sha256?,
+    }))
+}
+
+/// A `kind = "delta"` sink.
+fn delta_sink(c: &mut Collector, s: RawDeltaSink, base: &Path) -> Option<SinkSpec> {
+    let path = c.path("sink.path", s.path, base);
+    let partition_by = s.partition_by.unwrap_or_default();
     let mut columns_ok = true;
     for (i, column) in partition_by.iter().enumerate() {
         if column.trim().is_empty() {
@@ -1247,8 +1142,8 @@ fn delta_sink(
             );
         }
     }
-    let target_file_size = file_size(c, "sink.target_file_size", target_file_size);
-    let commit_every = match commit_every {
+    let target_file_size = file_size(c, "sink.target_file_size", s.target_file_size);
+    let commit_every = match s.commit_every {
         None => std::num::NonZeroU64::new(1).map(CommitEvery::Batches),
         Some(Value::Integer(n)) => c
             .positive("sink.commit_every", n)

@@ -51,7 +51,7 @@ type Emitted = (u64, i64, i64, &'static str, i64, i64);
 struct Case {
     name: &'static str,
     spec: WindowSpec,
-    mode: AggOutputMode,
+    mode: OutputMode,
     operator: &'static str,
     out: &'static [Emitted],
     progress: &'static [Progress],
@@ -61,7 +61,7 @@ const CASES: [Case; 4] = [
     Case {
         name: "session_append",
         spec: WindowSpec::Session { gap_ms: 5 * MIN_MS },
-        mode: AggOutputMode::Append,
+        mode: OutputMode::Append,
         operator: "sessionWindowStateStoreSaveExec",
         out: &[
             (1, 1, 6, "b", 1, 100),
@@ -82,7 +82,7 @@ const CASES: [Case; 4] = [
     Case {
         name: "session_complete",
         spec: WindowSpec::Session { gap_ms: 5 * MIN_MS },
-        mode: AggOutputMode::Complete,
+        mode: OutputMode::Complete,
         operator: "sessionWindowStateStoreSaveExec",
         out: &[
             (0, 0, 8, "a", 2, 200),
@@ -122,7 +122,7 @@ const CASES: [Case; 4] = [
             size_ms: 10 * MIN_MS,
             slide_ms: 5 * MIN_MS,
         },
-        mode: AggOutputMode::Update,
+        mode: OutputMode::Update,
         operator: "stateStoreSave",
         out: &[
             (0, -5, 5, "a", 2, 200),
@@ -164,7 +164,7 @@ const CASES: [Case; 4] = [
         spec: WindowSpec::Tumbling {
             size_ms: 5 * MIN_MS,
         },
-        mode: AggOutputMode::Append,
+        mode: OutputMode::Append,
         operator: "stateStoreSave",
         out: &[
             (1, 0, 5, "a", 2, 200),

@@ -100,6 +100,7 @@ use crate::operator::partitioned::{CountEntry, KeyCount, PartitionedConfig, Part
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
+use crate::spec::OutputMode;
 use crate::state::{StateError, StateOptions};
 
 /// Prefix of group entries.
@@ -126,17 +127,6 @@ pub struct WindowConfig {
     pub spec: WindowSpec,
 }
 
-/// Spark's output modes for aggregations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AggOutputMode {
-    /// A group once, when the watermark passes its window's end.
-    Append,
-    /// The groups a batch changed, with their new values.
-    Update,
-    /// The whole result every batch.
-    Complete,
-}
-
 /// What to aggregate and how to keep its state.
 #[derive(Debug, Clone)]
 pub struct AggregateConfig {
@@ -144,7 +134,9 @@ pub struct AggregateConfig {
     pub group_by: Vec<String>,
     /// From [`parse_agg_expr`], in output order.
     pub aggregates: Vec<AggExpr>,
-    pub output_mode: AggOutputMode,
+    /// Spark's output mode: a group once, when the watermark passes its window's end
+    /// (append); the groups a batch changed (update); the whole result every batch (complete).
+    pub output_mode: OutputMode,
     /// The `[watermark]` column, if the query has one.
     pub watermark_column: Option<String>,
     /// How many state partitions (fixed for the checkpoint's lifetime).
@@ -346,7 +338,7 @@ impl AggregateOperator {
                 self.state.add_keys(p, 1);
             }
             self.state.updated(1);
-            if plan.mode == AggOutputMode::Update {
+            if plan.mode == OutputMode::Update {
                 out.add(key, merged).map_err(|e| invalid(plan, e))?;
             }
         }
@@ -762,17 +754,17 @@ impl StatefulOperator for AggregateOperator {
             _ => self.merge_groups(&plan, late, &mut out)?,
         }
         match plan.mode {
-            AggOutputMode::Append => {
+            OutputMode::Append => {
                 if let Some(limit) = limit {
                     self.evict(&plan, limit, Some(&mut out))?;
                 }
             }
-            AggOutputMode::Update => {
+            OutputMode::Update => {
                 if let Some(limit) = limit {
                     self.evict(&plan, limit, None)?;
                 }
             }
-            AggOutputMode::Complete => self.emit_all(&plan, &mut out)?,
+            OutputMode::Complete => self.emit_all(&plan, &mut out)?,
         }
         if self.input_rows_dropped > 0 {
             tracing::debug!(

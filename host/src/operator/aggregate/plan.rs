@@ -9,9 +9,10 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::decimal;
 use super::expr::{AggExpr, AggFunction};
-use super::{AggOutputMode, AggregateConfig, WindowSpec};
+use super::{AggregateConfig, WindowSpec};
 use crate::operator::key_encoding::key_type_supported;
 use crate::operator::stateful::{StateSchema, resolve};
+use crate::spec::OutputMode;
 
 /// Spark's operator names (`StateStoreSaveExec.shortName`,
 /// `SessionWindowStateStoreSaveExec.shortName`).
@@ -199,7 +200,7 @@ pub(super) struct AggPlan {
 #[derive(Debug, Clone)]
 pub(super) struct Plan {
     pub name: &'static str,
-    pub mode: AggOutputMode,
+    pub mode: OutputMode,
     pub input: SchemaRef,
     pub output: SchemaRef,
     pub window: Option<WindowPlan>,
@@ -370,7 +371,7 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
         time_key
     };
     if let (TimeKey::Column, Some(w)) = (time_key, &window)
-        && config.output_mode != AggOutputMode::Complete
+        && config.output_mode != OutputMode::Complete
     {
         // Groups are keyed window first, so the expired groups of another
         // event-time key would not be one key range.
@@ -380,7 +381,7 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
         });
     }
     match config.output_mode {
-        AggOutputMode::Append if watermark.is_none() => {
+        OutputMode::Append if watermark.is_none() => {
             return Err(AggregateError::AppendWithoutWatermark {
                 window_hint: window
                     .as_ref()
@@ -388,11 +389,11 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
                     .unwrap_or_default(),
             });
         }
-        AggOutputMode::Append if time_key == TimeKey::None => {
+        OutputMode::Append if time_key == TimeKey::None => {
             let column = watermark.map_or_else(String::new, |i| input.field(i).name().clone());
             return Err(AggregateError::AppendWatermarkNotKey { column });
         }
-        AggOutputMode::Update if session => return Err(AggregateError::SessionUpdate),
+        OutputMode::Update if session => return Err(AggregateError::SessionUpdate),
         _ => {}
     }
     if session && keys.is_empty() {
@@ -434,7 +435,7 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
     fields.extend(group_fields.into_iter().map(|(_, f)| f));
     fields.extend(aggs.iter().map(|a| a.field.clone()));
 
-    let complete = config.output_mode == AggOutputMode::Complete;
+    let complete = config.output_mode == OutputMode::Complete;
     let has_time = time_key != TimeKey::None;
     Ok(Plan {
         name: if session { NAME_SESSION } else { NAME },

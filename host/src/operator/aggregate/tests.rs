@@ -100,7 +100,7 @@ fn config(dir: &Path) -> AggregateConfig {
         }),
         group_by: vec!["status".into()],
         aggregates: aggs(&["sum(amount) AS revenue", "count(*) AS orders"]),
-        output_mode: AggOutputMode::Append,
+        output_mode: OutputMode::Append,
         watermark_column: Some("occurred_at".into()),
         num_partitions: 2,
         state_dir: dir.to_path_buf(),
@@ -253,7 +253,7 @@ fn late_filter_is_per_window_not_per_row() {
     // is not newer than the watermark.
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     let mut op = open(c);
     let (out, m) = step(
         &mut op,
@@ -317,7 +317,7 @@ fn windows_emitted_in_the_batch_that_created_them() {
 fn update_mode_emits_changed_groups_then_evicts_silently() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     let mut op = open(c);
     let (out, _) = step(
         &mut op,
@@ -360,7 +360,7 @@ fn update_mode_emits_changed_groups_then_evicts_silently() {
 fn update_mode_without_watermark_never_evicts() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.watermark_column = None;
     let mut op = open(c);
     step(&mut op, 0, 0, 0, &[row("completed", 100, MIN)]);
@@ -379,7 +379,7 @@ fn update_mode_without_watermark_never_evicts() {
 fn complete_mode_emits_all_state_every_batch_and_never_evicts() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     let mut op = open(c);
     step(&mut op, 0, 0, 0, &[row("completed", 100, MIN)]);
     let (out, m) = step(
@@ -403,7 +403,7 @@ fn complete_mode_emits_all_state_every_batch_and_never_evicts() {
 fn sliding_windows_put_each_row_in_every_window_that_contains_it() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     c.window = Some(WindowConfig {
         column: "occurred_at".into(),
         spec: WindowSpec::Sliding {
@@ -421,7 +421,7 @@ fn sliding_windows_put_each_row_in_every_window_that_contains_it() {
     // A slide that does not divide the size: starts are multiples of 3 min.
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     c.window = Some(WindowConfig {
         column: "occurred_at".into(),
         spec: WindowSpec::Sliding {
@@ -445,13 +445,13 @@ fn sliding_windows_put_each_row_in_every_window_that_contains_it() {
 fn tumbling_windows_floor_before_the_epoch() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     let mut op = open(c);
     let (out, _) = step(&mut op, 0, 0, 0, &[row("completed", 100, -MIN)]);
     assert_eq!(out, strings(&["-5m 0m completed 1.00 1"]));
 }
 
-fn session_config(dir: &Path, mode: AggOutputMode) -> AggregateConfig {
+fn session_config(dir: &Path, mode: OutputMode) -> AggregateConfig {
     let mut c = config(dir);
     c.window = Some(WindowConfig {
         column: "occurred_at".into(),
@@ -464,7 +464,7 @@ fn session_config(dir: &Path, mode: AggOutputMode) -> AggregateConfig {
 #[test]
 fn sessions_merge_within_a_batch_and_with_state() {
     let dir = TempDir::new().expect("tempdir");
-    let mut op = open(session_config(dir.path(), AggOutputMode::Complete));
+    let mut op = open(session_config(dir.path(), OutputMode::Complete));
     assert_eq!(op.name(), "sessionWindowStateStoreSaveExec");
     let (out, m) = step(
         &mut op,
@@ -510,11 +510,9 @@ fn sessions_merge_within_a_batch_and_with_state() {
 
     // Restart from the committed state and add a separate session.
     drop(op);
-    let mut op = AggregateOperator::new(
-        session_config(dir.path(), AggOutputMode::Complete),
-        &schema(),
-    )
-    .expect("valid config");
+    let mut op =
+        AggregateOperator::new(session_config(dir.path(), OutputMode::Complete), &schema())
+            .expect("valid config");
     op.load(Some(1)).expect("loads");
     let (out, _) = step(&mut op, 2, 0, 0, &[row("completed", 7, 40 * MIN)]);
     assert_eq!(
@@ -530,7 +528,7 @@ fn sessions_merge_within_a_batch_and_with_state() {
 #[test]
 fn sessions_in_append_mode_are_emitted_when_they_end_before_the_watermark() {
     let dir = TempDir::new().expect("tempdir");
-    let mut op = open(session_config(dir.path(), AggOutputMode::Append));
+    let mut op = open(session_config(dir.path(), OutputMode::Append));
     step(
         &mut op,
         0,
@@ -573,7 +571,7 @@ fn sessions_in_append_mode_are_emitted_when_they_end_before_the_watermark() {
 fn decimal_sum_is_exact_with_sparks_precision_and_scale() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     c.aggregates = aggs(&["sum(amount)", "count(amount)", "min(amount)", "max(amount)"]);
     let mut op = open(c);
     let names: Vec<String> = op
@@ -631,7 +629,7 @@ fn decimal_sum_is_exact_with_sparks_precision_and_scale() {
 fn decimal_avg_rounds_half_up_to_scale_plus_four() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     c.aggregates = aggs(&["avg(amount) AS a"]);
     let mut op = open(c);
     assert_eq!(
@@ -672,7 +670,7 @@ fn decimal_avg_rounds_half_up_to_scale_plus_four() {
 fn nulls_are_ignored_except_by_count_star() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.aggregates = aggs(&[
         "count(*)",
         "count(amount)",
@@ -703,7 +701,7 @@ fn nulls_are_ignored_except_by_count_star() {
 fn count_distinct_is_exact_across_batches_and_evicted_with_its_group() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.aggregates = aggs(&["count(DISTINCT customer_id) AS customers", "count(*)"]);
     let mut op = open(c);
     let with = |customer, at| Row {
@@ -747,7 +745,7 @@ fn count_distinct_is_exact_across_batches_and_evicted_with_its_group() {
 fn approx_count_distinct_counts_small_sets_exactly() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.aggregates = aggs(&[
         "approx_count_distinct(customer_id) AS c",
         "approx_count_distinct(status)",
@@ -775,7 +773,7 @@ fn approx_count_distinct_counts_small_sets_exactly() {
 fn min_max_keep_their_types() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Complete;
+    c.output_mode = OutputMode::Complete;
     c.window = None;
     c.watermark_column = None;
     c.aggregates = aggs(&[
@@ -864,7 +862,7 @@ fn global_aggregation_emits_one_row_per_batch_in_update_mode() {
     let mut c = config(dir.path());
     c.window = None;
     c.group_by = Vec::new();
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.watermark_column = None;
     c.aggregates = aggs(&["count(*)", "sum(amount)"]);
     let mut op = open(c);
@@ -965,10 +963,10 @@ fn invalid_configurations_are_refused_with_the_reason() {
     let m = refused(c);
     assert!(m.contains("window column or a group_by key"), "{m}");
 
-    let m = refused(session_config(dir.path(), AggOutputMode::Update));
+    let m = refused(session_config(dir.path(), OutputMode::Update));
     assert!(m.contains("session windows do not support"), "{m}");
 
-    let mut c = session_config(dir.path(), AggOutputMode::Append);
+    let mut c = session_config(dir.path(), OutputMode::Append);
     c.group_by.clear();
     let m = refused(c);
     assert!(m.contains("at least one group_by key"), "{m}");
@@ -1006,7 +1004,7 @@ fn invalid_configurations_are_refused_with_the_reason() {
         "{m}"
     );
 
-    let mut c = session_config(dir.path(), AggOutputMode::Append);
+    let mut c = session_config(dir.path(), OutputMode::Append);
     c.aggregates = aggs(&["count(DISTINCT customer_id)"]);
     let m = refused(c);
     assert!(m.contains("not supported with session windows"), "{m}");
@@ -1027,7 +1025,7 @@ fn invalid_configurations_are_refused_with_the_reason() {
 fn integer_sum_overflow_fails_naming_the_group() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
-    c.output_mode = AggOutputMode::Update;
+    c.output_mode = OutputMode::Update;
     c.aggregates = aggs(&["sum(customer_id)"]);
     let mut op = open(c);
     let big = |at| Row {

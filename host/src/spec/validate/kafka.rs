@@ -8,7 +8,7 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::super::raw::RawSource;
+use super::super::raw::{RawKafkaSink, RawKafkaSource};
 use super::super::{
     KafkaDelivery, KafkaSinkSpec, KafkaSourceSpec, KafkaTopics, KafkaValueFormat, OnMalformed,
     SinkSpec, SourceKind, SourceSpec, StartingOffsets,
@@ -19,25 +19,11 @@ use super::{Collector, malformed_policy};
 pub(super) fn source(
     label: &str,
     name: Option<String>,
-    s: RawSource,
+    s: RawKafkaSource,
     base: &Path,
     c: &mut Collector,
 ) -> Option<SourceSpec> {
     let key = |k: &str| format!("{label}.{k}");
-    for (k, here) in [
-        ("path", s.path.is_some()),
-        ("max_files_per_trigger", s.max_files_per_trigger.is_some()),
-        ("csv", s.csv.is_some()),
-    ] {
-        if here {
-            c.push(
-                &key(k),
-                "not a key of a kafka source (its keys: bootstrap_servers, subscribe or \
-                 subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, \
-                 format, schema, on_malformed, dead_letter_path)",
-            );
-        }
-    }
     let bootstrap_servers = bootstrap_servers(c, &key("bootstrap_servers"), s.bootstrap_servers);
     let topics = match (s.subscribe, s.subscribe_pattern) {
         (Some(_), Some(_)) => {
@@ -145,16 +131,7 @@ pub(super) fn source(
     })
 }
 
-/// The keys of a `kind = "kafka"` sink.
-pub(super) struct RawKafkaSink {
-    pub bootstrap_servers: Option<String>,
-    pub topic: Option<String>,
-    pub key: Option<String>,
-    pub value: Option<String>,
-    pub delivery: Option<String>,
-}
-
-/// A `kind = "kafka"` sink (its stray keys are refused by the caller).
+/// A `kind = "kafka"` sink.
 pub(super) fn sink(s: RawKafkaSink, c: &mut Collector) -> Option<SinkSpec> {
     let bootstrap_servers = bootstrap_servers(c, "sink.bootstrap_servers", s.bootstrap_servers);
     let topic = c.required("sink.topic", s.topic).and_then(|t| {
@@ -373,7 +350,7 @@ delivery = "at-least-once"
             .replace("at-least-once", "maybe");
         let got = problems(&text);
         let expected = [
-            "source.orders.path: not a key of a kafka source",
+            "source.orders.path: unknown key of a kafka source",
             "source.orders.bootstrap_servers: \"nowhere\" is not host:port",
             "source.orders.subscribe_pattern: give subscribe (a list of topics) or subscribe_pattern, not both",
             "source.orders.starting_offsets: topic \"orders\": partition \"x\" at 1 is not valid",
@@ -394,7 +371,9 @@ delivery = "at-least-once"
                      format = \"json\"\nschema = \"id BIGINT\"\nsubscribe = [\"x\"]\n[sink]\nkind = \"memory\"\n";
         assert_eq!(
             problems(files),
-            ["source.o.subscribe: a key of kafka sources, not of a files source"]
+            [
+                "source.o.subscribe: unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv); it is a key of kafka sources"
+            ]
         );
     }
 }
