@@ -101,8 +101,7 @@ fn every_example_is_accepted_by_validate_and_by_run() -> Result<()> {
             .and_then(|n| n.to_str())
             .context("name")?;
         let file = ws.pipeline(name, &std::fs::read_to_string(&example)?)?;
-        // The folder a plugin sink is granted must exist: `weir run` refuses to preopen a
-        // missing one, and `weir validate` does not look at the disk for it (yet).
+        // The folder a plugin sink is granted must exist (both commands refuse a missing one).
         std::fs::create_dir_all(ws.path().join("out"))?;
         let kafka = name.starts_with("kafka");
         // Batches until the data is read, then stop; no broker listens on port 1.
@@ -217,6 +216,17 @@ fn refused() -> Vec<(String, String)> {
                 "[sink]\nkind = \"memory\"",
             ),
             "aggregate.select[0]: aggregate \"count(DISTINCT order_id) AS orders\": count(DISTINCT) is not supported with session windows".into(),
+        ),
+        (
+            pipeline(
+                "missing_grant",
+                "",
+                "",
+                "[sink]\nkind = \"plugin\"\nname = \"jsonl_sink\"\nplugin = \"plugins/jsonl_sink.wasm\"\n\
+                 config = { path = \"/out/orders.jsonl\" }\n\
+                 capabilities = { dirs = [ { host = \"no-such-folder\", guest = \"/out\", writable = true } ] }",
+            ),
+            "sink.capabilities.dirs[0].host: no such folder (create it before the query starts)".into(),
         ),
         // Refused by both already.
         (

@@ -193,6 +193,8 @@ fn workspace() -> tempfile::TempDir {
         std::fs::create_dir_all(path.parent().expect("has a parent")).expect("plugin folder");
         std::fs::write(&path, b"\0asm").expect("plugin file");
     }
+    // The corpus grants this folder, and granted folders must exist.
+    std::fs::create_dir_all(dir.path().join("out")).expect("granted folder");
     dir
 }
 

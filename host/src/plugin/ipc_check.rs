@@ -451,6 +451,13 @@ fn check_batch(
             Layout::Utf8 if rows == 0 => 0,
             Layout::Utf8 => (rows + 1) * 4,
         };
+        // arrow reads the whole offsets buffer as `i32`s and asserts (panics) when its length
+        // is not a whole number of them.
+        if matches!(column.layout, Layout::Utf8) && values % 4 != 0 {
+            return Err(bad(format!(
+                "its offsets buffer has {values} bytes, not a whole number of 4-byte offsets"
+            )));
+        }
         if values < need {
             let what = if matches!(column.layout, Layout::Utf8) {
                 "offsets"

@@ -47,6 +47,8 @@ fn workspace() -> tempfile::TempDir {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"\0asm").unwrap();
     }
+    // Granted folders must exist.
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
     dir
 }
 
@@ -621,7 +623,10 @@ config = { prefix = "batch", nested = { list = [1, 2.5, true, "x"] }, when = 202
 limits = { memory = 1048576, timeout = "1 minute" }
 capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { host = "/etc/ref", guest = "/ref" } ], env = ["API_TOKEN"], http = ["127.0.0.1:8080", "API.example.com"] }
 "#;
-    let text = MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+    // An absolute grant: a folder outside the pipeline's.
+    let reference = tempfile::tempdir().unwrap();
+    let sink = sink.replace("/etc/ref", &reference.path().display().to_string());
+    let text = MINIMAL.replace("[sink]\nkind = \"memory\"\n", &sink);
     let p = parse_in(dir.path(), &text, &[]).unwrap();
     let expected = SinkSpec::Plugin(PluginSinkSpec {
         name: "jsonl_sink".into(),
@@ -644,7 +649,7 @@ capabilities = { dirs = [ { host = "out", guest = "/out", writable = true }, { h
                     writable: true,
                 },
                 DirGrant {
-                    host: "/etc/ref".into(),
+                    host: reference.path().to_path_buf(),
                     guest: "/ref".into(),
                     writable: false,
                 },
@@ -675,6 +680,7 @@ limits = { memory = "5 GiB", timeout = "0s", extra = 1 }
 capabilities = { dirs = [ { host = "out", guest = "out" }, { guest = "/a" }, { host = "b", guest = "/a", mode = "rw" } ], http = ["http://x", "x:0"], env = ["A=B", "C", "C"], net = true }
 "#;
     std::fs::create_dir_all(dir.path().join("sinks.wasm")).unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
     let text = MINIMAL.replace(
         "[sink]\nkind = \"memory\"\n",
         &bad.replace("\"sinks\"", "\"sinks.wasm\""),

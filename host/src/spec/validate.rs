@@ -931,6 +931,29 @@ fn plugin_path(
     }
 }
 
+/// A granted host folder, which must exist when the query starts: WASI preopens it then.
+fn existing_folder(c: &mut Collector, path: &str, folder: PathBuf) -> Option<PathBuf> {
+    match std::fs::metadata(&folder) {
+        Ok(meta) if meta.is_dir() => Some(folder),
+        Ok(_) => {
+            c.push(
+                path,
+                format!("{} is a file, not a folder", folder.display()),
+            );
+            None
+        }
+        Err(err) => {
+            let why = if err.kind() == std::io::ErrorKind::NotFound {
+                "no such folder (create it before the query starts)".to_string()
+            } else {
+                format!("cannot read it: {err}")
+            };
+            c.push(path, format!("{why}: {}", folder.display()));
+            None
+        }
+    }
+}
+
 /// The plugin `config` table as JSON (`{}` when absent).
 fn config(c: &mut Collector, path: &str, table: Option<Table>) -> Option<serde_json::Value> {
     let table = table.unwrap_or_default();
@@ -1231,7 +1254,10 @@ fn capabilities(
     let mut guests: HashMap<String, usize> = HashMap::new();
     for (i, dir) in dirs.into_iter().enumerate() {
         let label = format!("{path}.dirs[{i}]");
-        let host = c.path(&format!("{label}.host"), dir.host, base);
+        let host_key = format!("{label}.host");
+        let host = c
+            .path(&host_key, dir.host, base)
+            .and_then(|host| existing_folder(c, &host_key, host));
         let guest_path = format!("{label}.guest");
         let guest = c.required(&guest_path, dir.guest).and_then(|guest| {
             if !guest.starts_with('/') {
