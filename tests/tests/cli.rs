@@ -363,3 +363,165 @@ fn checkpoint_inspect_reads_the_logs_through_the_checkpoint() -> Result<()> {
     assert!(stderr.contains("commits/2"), "{stderr}");
     Ok(())
 }
+
+/// A sink section for the policy tests: the jsonl sink with a folder, a variable and an address.
+fn granted_sink(dir: &str) -> String {
+    format!(
+        r#"[sink]
+kind = "plugin"
+name = "jsonl_sink"
+plugin = "plugins/jsonl_sink.wasm"
+config = {{ path = "/out/orders.jsonl" }}
+capabilities = {{ dirs = [ {{ host = "{dir}", guest = "/out", writable = true }} ], env = ["HOME"], http = ["127.0.0.1:8080"] }}
+"#
+    )
+}
+
+#[test]
+fn the_operators_policy_confines_paths_grants_and_limits_in_validate_and_run() -> Result<()> {
+    let ws = Workspace::new(1, 10)?;
+    std::fs::create_dir_all(ws.path().join("out/policy"))?;
+    let policy = ws.pipeline(
+        "tight-policy.toml",
+        r#"
+[paths]
+roots = ["data"]
+[grants]
+env = ["WEIR_REGION"]
+private_networks = false
+[limits]
+memory = "32 MiB"
+timeout = "10s"
+fuel = 1000000
+"#,
+    )?;
+    let text = weir_tests::orders_pipeline("policy", "drop", &granted_sink("out/policy"));
+    let file = ws.pipeline("policy.toml", &text)?;
+    let root = std::fs::canonicalize(ws.path())?;
+    let data = root.join("data");
+    for command in ["validate", "run"] {
+        let out = weir(
+            EXE,
+            &cache(),
+            &[
+                command,
+                file.to_str().unwrap_or_default(),
+                "--policy",
+                policy.to_str().unwrap_or_default(),
+            ],
+        )?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        let by = format!("the operator's policy ({})", policy.display());
+        for expected in [
+            format!(
+                "query.checkpoint: {} is outside the folders {by} allows: {}",
+                root.join("checkpoints/policy").display(),
+                data.display()
+            ),
+            format!(
+                "transform[0].plugin: {} is outside",
+                root.join("plugins/normalize_status.wasm").display()
+            ),
+            format!(
+                "transform[1].limits.memory: 256 MiB is over the ceiling of 32 MiB that {by} sets"
+            ),
+            format!("transform[0].limits.timeout: 30s is over the ceiling of 10s that {by} sets"),
+            format!(
+                "sink.limits.fuel: {by} meters every plugin: set limits.fuel to at most 1000000"
+            ),
+            format!(
+                "sink.capabilities.dirs[0].host: {} is outside",
+                root.join("out/policy").display()
+            ),
+            format!(
+                "sink.capabilities.env[0]: \"HOME\" may not be granted: {by} allows only WEIR_REGION"
+            ),
+            format!(
+                "sink.capabilities.http[0]: 127.0.0.1 is a loopback address, and {by} lets plugins reach public addresses only"
+            ),
+        ] {
+            assert!(
+                stderr.contains(&expected),
+                "{command}: {expected:?} missing from:\n{stderr}"
+            );
+        }
+        // The source folder is under the root: not reported.
+        assert!(
+            !stderr.contains("source.orders.path"),
+            "{command}:\n{stderr}"
+        );
+        assert!(
+            !root.join("checkpoints/policy").exists(),
+            "{command}: nothing may run"
+        );
+    }
+
+    // A policy that allows the workspace (and the variable): the same query runs.
+    let fits = ws.pipeline(
+        "fits-policy.toml",
+        "[paths]\nroots = [\".\"]\n[grants]\nenv = [\"HOME\"]\nprivate_networks = true\n",
+    )?;
+    for command in ["validate", "run"] {
+        let out = weir(
+            EXE,
+            &cache(),
+            &[
+                command,
+                file.to_str().unwrap_or_default(),
+                "--policy",
+                fits.to_str().unwrap_or_default(),
+            ],
+        )?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{command}: {stderr}");
+    }
+    let written = weir_tests::lines(&root.join("out/policy/orders.jsonl"))?;
+    assert!(!written.is_empty(), "the run wrote its rows");
+    Ok(())
+}
+
+#[test]
+fn a_writable_grant_may_not_overlap_the_checkpoint_or_the_plugin_cache() -> Result<()> {
+    let ws = Workspace::new(1, 10)?;
+    let cache = cache();
+    std::fs::create_dir_all(&cache)?;
+    let cache_real = std::fs::canonicalize(&cache)?;
+    let root = std::fs::canonicalize(ws.path())?;
+    std::fs::create_dir_all(root.join("checkpoints"))?;
+    for (tag, dir, what, folder) in [
+        (
+            "over_checkpoint",
+            "checkpoints".to_owned(),
+            "the query's checkpoint",
+            root.join("checkpoints/over_checkpoint"),
+        ),
+        (
+            "over_cache",
+            cache_real.display().to_string(),
+            "the compiled-plugin cache",
+            cache_real.clone(),
+        ),
+    ] {
+        let text = weir_tests::orders_pipeline(tag, "drop", &granted_sink(&dir));
+        let file = ws.pipeline(&format!("{tag}.toml"), &text)?;
+        for command in ["validate", "run"] {
+            let out = weir(EXE, &cache, &[command, file.to_str().unwrap_or_default()])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+            let expected = format!(
+                "overlaps {what} ({}): a plugin could rewrite it",
+                folder.display()
+            );
+            assert!(
+                stderr.contains(&expected),
+                "{command}: {expected:?} missing from:\n{stderr}"
+            );
+            assert!(
+                stderr.contains("sink.capabilities.dirs[0].host"),
+                "{stderr}"
+            );
+        }
+    }
+    Ok(())
+}

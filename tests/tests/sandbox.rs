@@ -604,6 +604,68 @@ fn http_reaches_only_allow_listed_hosts() -> Result<()> {
     Ok(())
 }
 
+/// A granted name is checked against the address it resolves to: `localhost` is loopback, so
+/// its grant does not reach 127.0.0.1 (only a grant of the address does), and a policy without
+/// private networks refuses even that; nothing connects.
+#[test]
+fn http_grants_are_checked_against_the_resolved_address() -> Result<()> {
+    let batch = orders_batch(3)?;
+    let (address, accepted) = http_server()?;
+    let port = address.port();
+    let by_name = format!(r#"{{"mode":"http","address":"localhost:{port}"}}"#);
+    let named = Sandbox {
+        http: vec![HttpGrant::parse(&format!("localhost:{port}")).map_err(anyhow::Error::msg)?],
+        ..Sandbox::default()
+    };
+    let mut t = hostile(&by_name, named, &batch)?;
+    let err = t
+        .process(&batch, &info(0))
+        .expect_err("localhost is loopback");
+    assert!(
+        matches!(err, PluginError::Denied { batch_id: 0, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&format!(
+            "HTTP to localhost:{port} refused: localhost resolves to 127.0.0.1, a loopback address, which only a grant of \"127.0.0.1:{port}\" itself may reach"
+        )),
+        "{err}"
+    );
+
+    let by_address = format!(r#"{{"mode":"http","address":"{address}"}}"#);
+    let closed = Sandbox {
+        http: vec![HttpGrant::parse(&address.to_string()).map_err(anyhow::Error::msg)?],
+        private_networks: false,
+        ..Sandbox::default()
+    };
+    let mut t = hostile(&by_address, closed, &batch)?;
+    let err = t
+        .process(&batch, &info(1))
+        .expect_err("the policy closes private networks");
+    assert!(
+        err.to_string().contains(
+            "127.0.0.1 is a loopback address, and the operator's policy lets plugins reach public addresses only"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        0,
+        "a refused request never connects"
+    );
+
+    // The same plugin, granted the address under the default policy, gets its answer.
+    let open = Sandbox {
+        http: vec![HttpGrant::parse(&address.to_string()).map_err(anyhow::Error::msg)?],
+        ..Sandbox::default()
+    };
+    let mut t = hostile(&by_address, open, &batch)?;
+    let out = t.process(&batch, &info(2))?;
+    assert_eq!(utf8_value(&out, "http")?, "200 hello weir!");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
 #[test]
 fn grants_and_usage_from_the_pipeline_file_reach_the_plugin_and_the_progress_record() -> Result<()>
 {

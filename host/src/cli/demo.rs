@@ -18,7 +18,13 @@ pub(super) fn run(
         Ok((dir, pipeline)) => {
             say(&format!("demo folder: {}", dir.display()));
             say(&format!("pipeline:    {}\n", pipeline.display()));
-            let code = super::run(&pipeline, &[], cache_dir, None, false);
+            let options = super::RunOptions {
+                cache_dir,
+                failpoint: None,
+                watch_plugins: false,
+                policy: None,
+            };
+            let code = super::run(&pipeline, &[], options);
             if code == ExitCode::SUCCESS {
                 show_result(&dir);
             }

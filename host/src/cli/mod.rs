@@ -58,12 +58,19 @@ enum Command {
         /// changed (SIGHUP does it once, for every plugin file).
         #[arg(long)]
         watch_plugins: bool,
+        /// The operator's policy (TOML): the folders, variables, limits and
+        /// networks a pipeline may use (see SECURITY.md).
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
     },
     /// Check a pipeline file and print every problem at once.
     Validate {
         file: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Check it against the operator's policy too, as `weir run --policy` does.
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
     },
     /// Look into a query's checkpoint.
     Checkpoint {
@@ -113,12 +120,30 @@ where
             #[cfg(feature = "failpoints")]
             failpoint,
             watch_plugins,
+            policy,
         } => {
             #[cfg(not(feature = "failpoints"))]
             let failpoint = None;
-            run(&file, &overrides, cache_dir, failpoint, watch_plugins)
+            let policy = match policy.as_deref().map(crate::spec::load_policy).transpose() {
+                Ok(policy) => policy.map(Arc::new),
+                Err(e) => {
+                    complain(&e.to_string());
+                    return ExitCode::from(2);
+                }
+            };
+            let options = RunOptions {
+                cache_dir,
+                failpoint,
+                watch_plugins,
+                policy,
+            };
+            run(&file, &overrides, options)
         }
-        Command::Validate { file, overrides } => match crate::spec::load(&file, &overrides) {
+        Command::Validate {
+            file,
+            overrides,
+            policy,
+        } => match validate(&file, &overrides, policy.as_deref(), cache_dir.as_deref()) {
             Ok(p) => {
                 let warnings = crate::spec::stateful_warnings(&p);
                 for warning in &warnings {
@@ -213,13 +238,46 @@ fn reload_flag() -> Arc<AtomicBool> {
     reload
 }
 
-pub(crate) fn run(
+/// `weir validate`: the pipeline file's own problems, then those of its confinement (the
+/// policy, the host's folders), all in one report as `weir run` would find them.
+fn validate(
     file: &Path,
     overrides: &[String],
-    cache_dir: Option<PathBuf>,
-    failpoint: Option<Failpoint>,
-    watch_plugins: bool,
-) -> ExitCode {
+    policy: Option<&Path>,
+    cache_dir: Option<&Path>,
+) -> Result<crate::spec::Pipeline, crate::spec::SpecErrors> {
+    let policy = policy.map(crate::spec::load_policy).transpose()?;
+    let pipeline = crate::spec::load(file, overrides)?;
+    let confinement = crate::spec::Confinement {
+        policy: policy.as_ref(),
+        cache_dir,
+    };
+    let problems = crate::spec::confinement_problems(&pipeline, confinement);
+    if problems.is_empty() {
+        Ok(pipeline)
+    } else {
+        Err(crate::spec::SpecErrors {
+            origin: file.display().to_string(),
+            problems,
+        })
+    }
+}
+
+/// How `weir run` (and the demo) runs a query.
+pub(crate) struct RunOptions {
+    pub cache_dir: Option<PathBuf>,
+    pub failpoint: Option<Failpoint>,
+    pub watch_plugins: bool,
+    pub policy: Option<Arc<crate::spec::Policy>>,
+}
+
+pub(crate) fn run(file: &Path, overrides: &[String], run: RunOptions) -> ExitCode {
+    let RunOptions {
+        cache_dir,
+        failpoint,
+        watch_plugins,
+        policy,
+    } = run;
     // Without the `failpoints` feature `Failpoint` has no values: this is always `None`.
     #[cfg(not(feature = "failpoints"))]
     let _ = failpoint;
@@ -230,6 +288,22 @@ pub(crate) fn run(
             return ExitCode::from(2);
         }
     };
+    // Refused the way `weir validate --policy` refuses it: the same problems, exit code 2.
+    let confinement = crate::spec::Confinement {
+        policy: policy.as_deref(),
+        cache_dir: cache_dir.as_deref(),
+    };
+    let problems = crate::spec::confinement_problems(&pipeline, confinement);
+    if !problems.is_empty() {
+        complain(
+            &crate::spec::SpecErrors {
+                origin: file.display().to_string(),
+                problems,
+            }
+            .to_string(),
+        );
+        return ExitCode::from(2);
+    }
     let options = QueryOptions {
         cache_dir,
         #[cfg(feature = "failpoints")]
@@ -238,6 +312,7 @@ pub(crate) fn run(
         clock: Arc::new(SystemClock),
         reload: reload_flag(),
         watch_plugins,
+        policy,
         ..QueryOptions::default()
     };
     let name = pipeline.query.name.clone();

@@ -6,7 +6,6 @@
 //! request's authority against the plugin's allow-list before connecting.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use wasmtime_wasi_http::{
 };
 
 use super::error::PluginError;
+use super::http_connect;
 use super::instance::Sandbox;
 use super::state::HostState;
 
@@ -103,13 +103,17 @@ pub(crate) struct HttpAllowList {
     grants: Vec<HttpGrant>,
     /// The plugin's per-call time limit: no timeout of a request is much longer.
     timeout: Duration,
+    /// Whether loopback, private and link-local addresses may be reached (by a grant of the
+    /// address itself; see `http_connect`).
+    private_networks: bool,
 }
 
 impl HttpAllowList {
-    pub(crate) fn new(grants: &[HttpGrant], timeout: Duration) -> Self {
+    pub(crate) fn new(grants: &[HttpGrant], timeout: Duration, private_networks: bool) -> Self {
         Self {
             grants: grants.to_vec(),
             timeout,
+            private_networks,
         }
     }
 
@@ -168,11 +172,31 @@ type SendResult = Result<
 pub(crate) struct HttpGuard {
     allow: Arc<HttpAllowList>,
     plugin: Arc<str>,
-    /// The first refused request of the current call.
-    pub(crate) denied: Option<String>,
+    /// The first refused request of the current call. Shared: a refusal by
+    /// address is found while the request runs, after the hook returned.
+    denied: Arc<Denied>,
     /// The deadline of the current call (see `deadline`): a request sent
     /// during the call ends there, whether or not the guest waits for it.
     pub(crate) deadline: Option<Instant>,
+}
+
+/// The first refusal of a call, tagged with the call, so that a request
+/// still resolving when its call ended cannot fail the next one.
+#[derive(Debug, Default)]
+struct Denied {
+    call: std::sync::atomic::AtomicU64,
+    reason: std::sync::Mutex<Option<(u64, String)>>,
+}
+
+impl Denied {
+    fn record(&self, call: u64, reason: String) {
+        if let Ok(mut first) = self.reason.lock()
+            && first.is_none()
+            && self.call.load(std::sync::atomic::Ordering::SeqCst) == call
+        {
+            *first = Some((call, reason));
+        }
+    }
 }
 
 impl HttpGuard {
@@ -180,9 +204,35 @@ impl HttpGuard {
         Self {
             allow,
             plugin,
-            denied: None,
+            denied: Arc::default(),
             deadline: None,
         }
+    }
+
+    /// Starts a new call: refusals of earlier calls no longer count.
+    pub(crate) fn begin_call(&mut self) {
+        self.denied
+            .call
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut first) = self.denied.reason.lock() {
+            *first = None;
+        }
+    }
+
+    /// The first request the current call had refused.
+    pub(crate) fn take_denied(&mut self) -> Option<String> {
+        let call = self.denied.call.load(std::sync::atomic::Ordering::SeqCst);
+        let mut first = self.denied.reason.lock().ok()?;
+        match first.take() {
+            Some((at, reason)) if at == call => Some(reason),
+            _ => None,
+        }
+    }
+
+    fn deny(&self, reason: String) {
+        tracing::warn!(plugin = &*self.plugin, "{reason}");
+        let call = self.denied.call.load(std::sync::atomic::Ordering::SeqCst);
+        self.denied.record(call, reason);
     }
 }
 
@@ -202,11 +252,15 @@ impl WasiHttpHooks for HttpGuard {
         let tls = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
         if let Some(reason) = self.allow.refusal(host, port) {
-            tracing::warn!(plugin = &*self.plugin, "{reason}");
-            self.denied.get_or_insert(reason);
+            self.deny(reason);
             let refused: SendResult = Err(HttpError::HttpRequestDenied);
             return Box::new(async move { refused });
         }
+        let target = http_connect::Target {
+            host: host.to_owned(),
+            port,
+            tls,
+        };
         // The guest's own waits end at the call's deadline (`deadline`), but
         // the request runs as a task of its own: it must end soon after, and
         // its per-step timeouts (connect, first byte, between body chunks) are
@@ -223,14 +277,30 @@ impl WasiHttpHooks for HttpGuard {
             first_byte_timeout: cap(options.first_byte_timeout),
             between_bytes_timeout: cap(options.between_bytes_timeout),
         };
-        // wasmtime's own sending, under the capped timeouts.
-        let send = DefaultSend.send_request(request, Some(options), fut);
+        // Resolved, checked and connected to the checked address, under the capped timeouts.
+        drop(fut);
+        let grants = self.allow.grants.clone();
+        let private_networks = self.allow.private_networks;
+        let denied = Arc::clone(&self.denied);
+        let call = denied.call.load(std::sync::atomic::Ordering::SeqCst);
+        let plugin = Arc::clone(&self.plugin);
+        let send = async move {
+            match http_connect::send(request, options, target, grants, private_networks).await {
+                Ok(sent) => Ok(sent),
+                Err(Ok(reason)) => {
+                    tracing::warn!(plugin = &*plugin, "{reason}");
+                    denied.record(call, reason);
+                    Err(HttpError::DestinationIpProhibited)
+                }
+                Err(Err(e)) => Err(e),
+            }
+        };
         let Some(deadline) = self.deadline.and_then(|d| d.checked_add(REQUEST_GRACE)) else {
-            return send;
+            return Box::new(send);
         };
         Box::new(async move {
             let deadline = tokio::time::Instant::from_std(deadline);
-            match tokio::time::timeout_at(deadline, Pin::from(send)).await {
+            match tokio::time::timeout_at(deadline, send).await {
                 Ok(sent) => sent,
                 Err(_) => Err(HttpError::ConnectionTimeout),
             }
@@ -241,11 +311,6 @@ impl WasiHttpHooks for HttpGuard {
 /// How long after the call's deadline a request it sent is abandoned (see
 /// `send_request`).
 const REQUEST_GRACE: Duration = Duration::from_secs(1);
-
-/// wasi:http's default hooks (its `send_request` connects over tokio).
-struct DefaultSend;
-
-impl WasiHttpHooks for DefaultSend {}
 
 impl WasiHttpView for HostState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
@@ -329,12 +394,13 @@ mod tests {
 
     #[test]
     fn the_allow_list_says_why_it_refuses() {
-        let none = HttpAllowList::new(&[], Duration::from_secs(1));
+        let none = HttpAllowList::new(&[], Duration::from_secs(1), true);
         let why = none.refusal("127.0.0.1", 80).unwrap();
         assert!(why.contains("no `capabilities.http` grant"), "{why}");
         let list = HttpAllowList::new(
             &[HttpGrant::parse("a.test:1").unwrap()],
             Duration::from_secs(1),
+            true,
         );
         assert!(list.refusal("a.test", 1).is_none());
         let why = list.refusal("b.test", 1).unwrap();

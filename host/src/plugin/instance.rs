@@ -56,6 +56,9 @@ pub struct Sandbox {
     pub http: Vec<HttpGrant>,
     /// Delta tables a sink may MERGE into (the `delta-merge` import), by name.
     pub delta_merge: std::collections::BTreeMap<String, crate::spec::MergeTableSpec>,
+    /// Whether loopback, private and link-local addresses may be reached, by a grant of the
+    /// address itself (the operator's policy; true without one).
+    pub private_networks: bool,
 }
 
 impl Default for Sandbox {
@@ -68,6 +71,7 @@ impl Default for Sandbox {
             env: Vec::new(),
             http: Vec::new(),
             delta_merge: std::collections::BTreeMap::new(),
+            private_networks: true,
         }
     }
 }
@@ -139,6 +143,7 @@ impl Runtime {
             allow_http: Arc::new(HttpAllowList::new(
                 &options.sandbox.http,
                 options.sandbox.timeout,
+                options.sandbox.private_networks,
             )),
             options,
             delta_merge: None,
@@ -603,7 +608,7 @@ impl WasmTransform {
         live.store.data_mut().call.phase = None;
         live.store.data().log.end();
         self.rt.account(&live.store, started, fuel_before);
-        if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
+        if let Some(reason) = live.store.data_mut().http_guard.take_denied() {
             // Whatever the guest made of the refusal, the batch fails on it.
             if result.is_err() {
                 self.live = None;
@@ -848,7 +853,7 @@ impl WasmSink {
         live.store.data_mut().call.phase = None;
         live.store.data().log.end();
         self.rt.account(&live.store, started, fuel_before);
-        if let Some(reason) = live.store.data_mut().http_guard.denied.take() {
+        if let Some(reason) = live.store.data_mut().http_guard.take_denied() {
             // Whatever the guest made of the refusal, the batch fails on it.
             if result.is_err() {
                 self.live = None;

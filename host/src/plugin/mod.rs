@@ -21,6 +21,8 @@
 //! - `reload`: noticing a new build of a running plugin, and which builds may
 //!   replace which.
 //! - `grants`: folders, environment variables and HTTP hosts a plugin may reach.
+//! - `http_connect`: resolving a granted name, checking its addresses, and
+//!   sending the request to a checked one.
 //! - `limiter`: the memory limit (memories and tables together), its
 //!   high-water mark, and the budgets of what the host holds for a plugin.
 //! - `logs`: the `log` import and stderr, forwarded to the log with a cap.
@@ -36,6 +38,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 mod grants;
+mod http_connect;
 mod instance;
 mod ipc_check;
 mod keyed_state;
@@ -49,6 +52,7 @@ mod state;
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
 pub use error::{Budget, PluginError, PluginErrorKind};
 pub use grants::{HttpGrant, env_from_host};
+pub use http_connect::special_address;
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
 pub use state::BatchInfo;

@@ -90,7 +90,7 @@ impl HostState {
             phase: Some(phase),
         };
         self.log.begin(info.batch_id);
-        self.http_guard.denied = None;
+        self.http_guard.begin_call();
     }
 
     pub(super) fn at_host_call(&self) {

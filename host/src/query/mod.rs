@@ -97,6 +97,9 @@ pub struct QueryOptions {
     /// Look for new plugin builds before every batch (a `stat` per plugin
     /// file; hashed only when its size or modification time changed).
     pub watch_plugins: bool,
+    /// The operator's policy (`--policy`): what the pipeline's paths, grants and limits may
+    /// be. `None`: [`spec::Policy::permissive`].
+    pub policy: Option<Arc<spec::Policy>>,
 }
 
 impl std::fmt::Debug for QueryOptions {
@@ -135,6 +138,7 @@ impl Default for QueryOptions {
             extra_transforms: Vec::new(),
             reload: Arc::new(AtomicBool::new(false)),
             watch_plugins: false,
+            policy: None,
         }
     }
 }
@@ -293,9 +297,14 @@ impl Query {
     pub fn start(pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
         // The rules `weir validate` checks too, again for a pipeline built in code (a parsed
         // one has been through them), before anything is opened.
+        let confinement = spec::Confinement {
+            policy: options.policy.as_deref(),
+            cache_dir: options.cache_dir.as_deref(),
+        };
         let problems: Vec<String> = spec::stateful_problems(&pipeline)
             .into_iter()
             .chain(spec::sink_problems(&pipeline))
+            .chain(spec::confinement_problems(&pipeline, confinement))
             .map(|p| p.to_string())
             .collect();
         if !problems.is_empty() {
@@ -304,6 +313,7 @@ impl Query {
                 message: problems.join("; "),
             });
         }
+        let private_networks = options.policy.as_ref().is_none_or(|p| p.private_networks);
         let mut checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
         let last_planned = checkpoint.offsets().latest()?;
         let last_committed = checkpoint.commits().latest()?;
@@ -378,7 +388,7 @@ impl Query {
                 PluginOptions {
                     name: t.name.clone(),
                     config_json: t.config.to_string(),
-                    sandbox: sandbox(&t.name, &t.limits, &t.capabilities)?,
+                    sandbox: sandbox(&t.name, &t.limits, &t.capabilities, private_networks)?,
                     failpoint: options.failpoint(),
                 },
                 Arc::clone(&schema),
@@ -508,7 +518,7 @@ impl Query {
                     PluginOptions {
                         name: p.name.clone(),
                         config_json: p.config.to_string(),
-                        sandbox: sandbox(&p.name, &p.limits, &p.capabilities)?,
+                        sandbox: sandbox(&p.name, &p.limits, &p.capabilities, private_networks)?,
                         failpoint: options.failpoint(),
                     },
                     &schema,
@@ -1212,6 +1222,7 @@ fn sandbox(
     name: &str,
     limits: &spec::PluginLimits,
     capabilities: &spec::Capabilities,
+    private_networks: bool,
 ) -> Result<Sandbox, PluginError> {
     Ok(Sandbox {
         memory_bytes: limits.memory_bytes,
@@ -1229,6 +1240,7 @@ fn sandbox(
         env: env_from_host(name, &capabilities.env)?,
         http: capabilities.http.clone(),
         delta_merge: capabilities.delta_merge.clone(),
+        private_networks,
     })
 }
 

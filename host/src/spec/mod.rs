@@ -39,6 +39,7 @@ pub mod ddl;
 pub mod duration;
 pub mod merge;
 mod overrides;
+mod policy;
 mod raw;
 mod sink_modes;
 pub mod size;
@@ -57,6 +58,7 @@ pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use merge::{
     CompareOp, MergeCondition, MergeDedup, MergeTableSpec, parse_condition, parse_dedup,
 };
+pub use policy::{Confinement, Policy, confinement_problems, load_policy, parse_policy};
 pub use sink_modes::sink_problems;
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
 pub use stateful::{stateful_problems, stateful_warnings};
