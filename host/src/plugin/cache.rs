@@ -164,12 +164,12 @@ impl CompiledCache {
         }
         let key_path = dir.join(KEY_FILE);
         match read_key(&key_path) {
-            Ok(Some(key)) => Self::new(dir, &key).map(Some),
+            Ok(Some(key)) => Ok(Some(Self::new(dir, &key))),
             Ok(None) => match create_key(dir, &key_path)? {
-                Some(key) => Self::new(dir, &key).map(Some),
+                Some(key) => Ok(Some(Self::new(dir, &key))),
                 // Another writer linked its key first: theirs is the cache's.
                 None => match read_key(&key_path) {
-                    Ok(Some(key)) => Self::new(dir, &key).map(Some),
+                    Ok(Some(key)) => Ok(Some(Self::new(dir, &key))),
                     Ok(None) => Err(std::io::Error::new(
                         ErrorKind::NotFound,
                         format!("{} vanished while it was created", key_path.display()),
@@ -181,14 +181,11 @@ impl CompiledCache {
         }
     }
 
-    fn new(dir: &Path, key: &[u8; KEY_LEN]) -> std::io::Result<Self> {
-        // HMAC takes keys of any length: this does not fail.
-        let keyed = <Hmac<Sha256> as Mac>::new_from_slice(key)
-            .map_err(|e| std::io::Error::other(format!("cannot key HMAC-SHA256: {e}")))?;
-        Ok(Self {
+    fn new(dir: &Path, key: &[u8; KEY_LEN]) -> Self {
+        Self {
             dir: dir.to_path_buf(),
-            keyed,
-        })
+            keyed: crate::mac::hmac_sha256(key),
+        }
     }
 
     fn mac(&self, name: &str, bytes: &[u8]) -> Hmac<Sha256> {
@@ -456,7 +453,7 @@ mod tests {
             .expect("key")
             .try_into()
             .expect("32 bytes");
-        let cache = CompiledCache::new(dir, &key).expect("keyed");
+        let cache = CompiledCache::new(dir, &key);
         let name = artifact
             .file_name()
             .and_then(|n| n.to_str())
@@ -558,7 +555,7 @@ mod tests {
             .expect("key")
             .try_into()
             .expect("32 bytes");
-        let cache = CompiledCache::new(&dir, &key).expect("keyed");
+        let cache = CompiledCache::new(&dir, &key);
         let other_name = other.file_name().and_then(|n| n.to_str()).expect("name");
         assert!(matches!(
             cache.read_checked(&other, other_name),

@@ -53,4 +53,5 @@ pub use error::{Budget, PluginError, PluginErrorKind};
 pub use grants::{HttpGrant, env_from_host};
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
+pub use replay::ReplayKey;
 pub use state::BatchInfo;
