@@ -37,6 +37,10 @@ fn options() -> PluginOptions {
         config_json: CONFIG.into(),
         sandbox: Sandbox::default(),
         failpoint: None,
+        replay_key: weir_host::plugin::ReplayKey::new(
+            &weir_host::checkpoint::QuerySecret::from_bytes([7; 32]),
+            0,
+        ),
     }
 }
 

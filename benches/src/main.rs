@@ -550,6 +550,10 @@ fn boundary_row(
         config_json: r#"{"column":"status","op":"eq","value":"completed"}"#.into(),
         sandbox: Sandbox::default(),
         failpoint: None,
+        replay_key: weir_host::plugin::ReplayKey::new(
+            &weir_host::checkpoint::QuerySecret::from_bytes([7; 32]),
+            0,
+        ),
     };
     // Each open is a fresh store and instance, opened with the config: what a new query, a
     // restart or a replaced poisoned instance costs.

@@ -9,7 +9,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+/// The mode a new file is created with, before the umask: the standard library's default.
+const DEFAULT_MODE: u32 = 0o666;
 
 /// A file-system step that failed, with the path it failed on.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +38,18 @@ impl FsError {
 /// Writes `bytes` to `path` atomically, replacing any existing file, and
 /// creates the parent directory (durably) when it is missing.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
-    replace_with(path, |file| {
+    write_atomically_with_mode(path, bytes, DEFAULT_MODE)
+}
+
+/// As [`write_atomically`], for a file only its owner may read (mode 0600): the temporary
+/// file is created with that mode, so the content is never readable by others, not even
+/// for a moment.
+pub(crate) fn write_private_atomically(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    write_atomically_with_mode(path, bytes, 0o600)
+}
+
+fn write_atomically_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    replace_with_mode(path, mode, |file| {
         file.write_all(bytes)
             .map_err(|e| FsError::new(path, "write", e))
     })
@@ -47,6 +62,14 @@ pub(crate) fn replace_with<E: From<FsError>>(
     path: &Path,
     write: impl FnOnce(&mut File) -> Result<(), E>,
 ) -> Result<(), E> {
+    replace_with_mode(path, DEFAULT_MODE, write)
+}
+
+fn replace_with_mode<E: From<FsError>>(
+    path: &Path,
+    mode: u32,
+    write: impl FnOnce(&mut File) -> Result<(), E>,
+) -> Result<(), E> {
     let dir = parent_of(path);
     if !dir.is_dir() {
         std::fs::create_dir_all(&dir).map_err(|e| FsError::new(&dir, "create directory", e))?;
@@ -56,7 +79,7 @@ pub(crate) fn replace_with<E: From<FsError>>(
         }
     }
     let tmp = temp_path(&dir, path);
-    let result = write_and_rename(&tmp, path, write);
+    let result = write_and_rename(&tmp, path, mode, write);
     if result.is_err() {
         // Best effort: the temp file is hidden and ignored by readers, so a leftover is harmless.
         let _ = std::fs::remove_file(&tmp);
@@ -68,11 +91,13 @@ pub(crate) fn replace_with<E: From<FsError>>(
 fn write_and_rename<E: From<FsError>>(
     tmp: &Path,
     path: &Path,
+    mode: u32,
     write: impl FnOnce(&mut File) -> Result<(), E>,
 ) -> Result<(), E> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(mode)
         .open(tmp)
         .map_err(|e| FsError::new(tmp, "create temporary file", e))?;
     write(&mut file)?;
@@ -123,6 +148,17 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, ["entry"]);
+    }
+
+    #[test]
+    fn a_private_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("secret");
+        write_private_atomically(&path, b"hush").expect("write");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).expect("read"), b"hush");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod failpoint;
 mod fnv;
 #[cfg(test)]
 mod fuzz;
+mod mac;
 pub mod operator;
 pub mod plugin;
 pub mod progress;

@@ -17,6 +17,12 @@ pub mod delta;
 pub mod kafka;
 pub mod tansu;
 
+/// What plugins opened outside a query draw their random numbers from: one fixed secret, as
+/// if every test instance belonged to one checkpoint (so a new instance replays a batch).
+pub fn replay_key() -> weir_host::plugin::ReplayKey {
+    weir_host::plugin::ReplayKey::new(&weir_host::checkpoint::QuerySecret::from_bytes([7; 32]), 0)
+}
+
 /// A scratch folder with sample orders and the example plugins in it.
 #[derive(Debug)]
 pub struct Workspace {

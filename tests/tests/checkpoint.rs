@@ -73,6 +73,8 @@ fn damaged_log_files_are_named_not_panicked_on() -> Result<()> {
         ("offsets/2", &b"v1\n{\"batchWatermarkMs\":0,\"batchTim"[..]),
         ("sources/0/1", &b"garbage"[..]),
         ("metadata", &b""[..]),
+        // The query's secret, cut short: refused naming it, never replaced by a new one.
+        ("secret", &b"0123456789abcdef"[..]),
     ] {
         let path = checkpoint.join(victim);
         let original = std::fs::read(&path)?;

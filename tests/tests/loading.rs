@@ -418,6 +418,7 @@ fn instances_of_every_language_come_from_the_pool() -> Result<()> {
         config_json: r#"{"column":"status","op":"not_null"}"#.into(),
         sandbox: Sandbox::default(),
         failpoint: None,
+        replay_key: weir_tests::replay_key(),
     };
     let scratch = tempfile::tempdir()?;
     let rust = scratch.path().join("filter_rows.wasm");

@@ -207,6 +207,7 @@ fn open_sink(
                 ..Sandbox::default()
             },
             failpoint: None,
+            replay_key: weir_tests::replay_key(),
         },
         &batch.schema(),
     )?)
@@ -292,6 +293,7 @@ fn open_filter(
             config_json: config.into(),
             sandbox: Sandbox::default(),
             failpoint: None,
+            replay_key: weir_tests::replay_key(),
         },
         batch.schema(),
     )

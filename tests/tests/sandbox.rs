@@ -54,6 +54,7 @@ fn hostile(config: &str, sandbox: Sandbox, batch: &RecordBatch) -> Result<WasmTr
             config_json: config.into(),
             sandbox,
             failpoint: None,
+            replay_key: weir_tests::replay_key(),
         },
         batch.schema(),
     )?)
@@ -945,6 +946,7 @@ fn hostile_state(
             config_json: config.into(),
             sandbox,
             failpoint: None,
+            replay_key: weir_tests::replay_key(),
         },
         batch.schema(),
     )?;

@@ -20,6 +20,11 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Checkpoi
     Ok(durable::write_atomically(path, bytes)?)
 }
 
+/// As [`write_atomically`], for a file only its owner may read (mode 0600).
+pub(super) fn write_private_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    Ok(durable::write_private_atomically(path, bytes)?)
+}
+
 /// Makes a rename in `dir` durable.
 pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     Ok(durable::sync_dir(dir)?)

@@ -9,7 +9,9 @@
 //! # Layout
 //!
 //! ```text
-//! metadata        {"version":1,"id":"<query id>","fingerprint":<json or null>}
+//! metadata        {"version":1,"id":"<query id>","fingerprint":<json or null>,"secret_since":<N>}
+//! secret          32 random bytes (mode 0600) keying plugins' random numbers from batch
+//!                 `secret_since` on (see `secret` and `plugin::replay`)
 //! offsets/<N>     write-ahead log entry for batch N, written before batch N runs
 //! commits/<N>     batch N finished
 //! sources/<i>/<N> per-source log entries
@@ -29,11 +31,16 @@
 //! outside this module needs to know the file names.
 //!
 //! Submodules: `log` (the numbered entry logs), `lock` (who holds the checkpoint), `fsio` (atomic
-//! writes and timestamps).
+//! writes and timestamps), `secret` (the query's secret).
+//!
+//! A checkpoint written by a Weir without `secret` (no `secret_since` in `metadata`) gets one
+//! at its next open, with `secret_since` one past its last planned batch: batches planned
+//! before keep the random numbers they were planned with (`plugin::replay` says why).
 
 mod fsio;
 mod lock;
 mod log;
+mod secret;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -43,6 +50,7 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use self::fsio::write_atomically;
 pub use self::log::{BatchLog, LogReader};
+pub use self::secret::{QuerySecret, SECRET_LEN};
 
 /// Version of the `metadata` file and of the log-entry format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -55,6 +63,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const MAX_BATCH_ID: u64 = i64::MAX.unsigned_abs();
 
 const METADATA_FILE: &str = "metadata";
+const SECRET_FILE: &str = "secret";
 const PROGRESS_FILE: &str = "progress.jsonl";
 const OFFSETS_DIR: &str = "offsets";
 const COMMITS_DIR: &str = "commits";
@@ -158,6 +167,11 @@ pub struct Metadata {
     /// The query's fingerprint (DESIGN.md §3.3), `None` until the query loop records one.
     #[serde(default)]
     pub fingerprint: Option<serde_json::Value>,
+    /// The first batch whose plugins' random numbers are keyed by the `secret` file: 0 for a
+    /// checkpoint created with one, later for one created by an older Weir. `None` only in a
+    /// `metadata` file an older Weir wrote; an open [`Checkpoint`] always has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_since: Option<u64>,
 }
 
 /// An open checkpoint directory, locked for the life of this value.
@@ -165,40 +179,103 @@ pub struct Metadata {
 pub struct Checkpoint {
     dir: PathBuf,
     metadata: Metadata,
+    /// The `secret` file's content (its `Debug` is redacted).
+    secret: QuerySecret,
     /// Holds the advisory lock; closing it (on drop) releases the lock.
     _lock: File,
 }
 
 impl Checkpoint {
     /// Opens (creating if needed) the checkpoint directory `dir`, takes its lock and reads or
-    /// creates its `metadata` with a fresh query id.
+    /// creates its `metadata` with a fresh query id and its `secret`.
     ///
     /// # Errors
     ///
     /// [`CheckpointError::Locked`] when another holder has the lock (naming its pid, host and start
     /// time), [`CheckpointError::Corrupt`] when `metadata` is damaged, or missing while batches were
-    /// already logged, [`CheckpointError::Io`] when the directory or a file cannot be created or read.
+    /// already logged, or when `secret` is damaged, or missing while `metadata` records one,
+    /// [`CheckpointError::Io`] when the directory or a file cannot be created or read.
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| CheckpointError::io(dir, "create the checkpoint directory", e))?;
         let lock = lock::acquire(dir)?;
         let dir = dir.to_path_buf();
         let metadata_path = dir.join(METADATA_FILE);
-        let metadata = match std::fs::read(&metadata_path) {
-            Ok(bytes) => parse_metadata(&metadata_path, &bytes)?,
+        let secret_path = dir.join(SECRET_FILE);
+        let (metadata, secret) = match std::fs::read(&metadata_path) {
+            Ok(bytes) => {
+                let metadata = parse_metadata(&metadata_path, &bytes)?;
+                Self::open_secret(&dir, &metadata_path, &secret_path, metadata)?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Self::create_metadata(&dir, &metadata_path)?
+                Self::create_metadata(&dir, &metadata_path, &secret_path)?
             }
             Err(e) => return Err(CheckpointError::io(&metadata_path, "read", e)),
         };
         Ok(Self {
             dir,
             metadata,
+            secret,
             _lock: lock,
         })
     }
 
-    fn create_metadata(dir: &Path, metadata_path: &Path) -> Result<Metadata, CheckpointError> {
+    /// Reads the secret `metadata` records, or gives a checkpoint of an older Weir its secret.
+    fn open_secret(
+        dir: &Path,
+        metadata_path: &Path,
+        secret_path: &Path,
+        mut metadata: Metadata,
+    ) -> Result<(Metadata, QuerySecret), CheckpointError> {
+        let next_planned = BatchLog::new(dir.join(OFFSETS_DIR))
+            .latest()?
+            .map_or(0, |n| n + 1);
+        match metadata.secret_since {
+            Some(since) => {
+                // `secret_since` is one past the last planned batch when it is recorded, and
+                // batches are only ever added: a later one was not written by Weir.
+                if since > next_planned {
+                    return Err(CheckpointError::corrupt(
+                        metadata_path,
+                        format!(
+                            "secret_since is {since}, past the next batch to plan ({next_planned})"
+                        ),
+                    ));
+                }
+                let secret = secret::read(secret_path)?.ok_or_else(|| {
+                    CheckpointError::corrupt(
+                        secret_path,
+                        format!(
+                            "the file is missing although metadata keys batches from {since} on by it"
+                        ),
+                    )
+                })?;
+                Ok((metadata, secret))
+            }
+            None => {
+                // Written by an older Weir. A secret may be there already (an older Weir ran
+                // the checkpoint after this one): keep it, but the batches planned meanwhile
+                // drew from the older seed, so they stay on it too.
+                let secret = match secret::read(secret_path)? {
+                    Some(secret) => secret,
+                    None => secret::create(secret_path)?,
+                };
+                metadata.secret_since = Some(next_planned);
+                write_metadata(metadata_path, &metadata)?;
+                tracing::info!(
+                    checkpoint = %dir.display(),
+                    "gave the checkpoint a secret for plugins' random numbers: batches from                      {next_planned} on draw from it, earlier ones replay as they were planned"
+                );
+                Ok((metadata, secret))
+            }
+        }
+    }
+
+    fn create_metadata(
+        dir: &Path,
+        metadata_path: &Path,
+        secret_path: &Path,
+    ) -> Result<(Metadata, QuerySecret), CheckpointError> {
         // A checkpoint that logged batches but lost its metadata would get a new query id, which
         // silently breaks the idempotence of sinks keyed by query id: refuse instead.
         for sub in [OFFSETS_DIR, COMMITS_DIR] {
@@ -210,13 +287,20 @@ impl Checkpoint {
                 ));
             }
         }
+        // The secret first: a crash before `metadata` leaves a checkpoint that is still new,
+        // and the next open keeps that secret.
+        let secret = match secret::read(secret_path)? {
+            Some(secret) => secret,
+            None => secret::create(secret_path)?,
+        };
         let metadata = Metadata {
             version: FORMAT_VERSION,
             id: uuid::Uuid::new_v4().to_string(),
             fingerprint: None,
+            secret_since: Some(0),
         };
         write_metadata(metadata_path, &metadata)?;
-        Ok(metadata)
+        Ok((metadata, secret))
     }
 
     /// The checkpoint directory.
@@ -232,6 +316,16 @@ impl Checkpoint {
     /// The contents of the `metadata` file.
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
+    }
+
+    /// The query's secret (the `secret` file), which keys its plugins' random numbers.
+    pub fn secret(&self) -> &QuerySecret {
+        &self.secret
+    }
+
+    /// The first batch whose plugins' random numbers are keyed by [`Self::secret`].
+    pub fn secret_since(&self) -> u64 {
+        self.metadata.secret_since.unwrap_or(0)
     }
 
     /// Records the query's fingerprint, rewriting `metadata` atomically.
@@ -461,7 +555,7 @@ mod tests {
             assert_eq!(
                 text,
                 format!(
-                    "{{\"version\":1,\"id\":\"{}\",\"fingerprint\":null}}\n",
+                    "{{\"version\":1,\"id\":\"{}\",\"fingerprint\":null,\"secret_since\":0}}\n",
                     cp.query_id()
                 )
             );
@@ -733,6 +827,125 @@ mod tests {
                 .contains("missing although offsets/0 exists"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_new_checkpoint_has_a_private_secret_that_survives_reopen() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("secret");
+        let first = {
+            let cp = Checkpoint::open(tmp.path()).unwrap();
+            assert_eq!(cp.secret_since(), 0);
+            *cp.secret().expose()
+        };
+        assert_eq!(std::fs::read(&path).unwrap(), first);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let cp = Checkpoint::open(tmp.path()).unwrap();
+        assert_eq!(cp.secret().expose(), &first);
+        assert_ne!(first, [0; SECRET_LEN]);
+        let other = Checkpoint::open(&tmp.path().join("other")).unwrap();
+        assert_ne!(
+            other.secret().expose(),
+            &first,
+            "each checkpoint its own secret"
+        );
+        let shown = format!("{cp:?}");
+        assert!(shown.contains("QuerySecret(<redacted>)"), "{shown}");
+        assert!(!shown.contains(&format!("{:?}", &first[..4])), "{shown}");
+    }
+
+    #[test]
+    fn a_truncated_secret_is_corrupt_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(Checkpoint::open(tmp.path()).unwrap());
+        let path = tmp.path().join("secret");
+        let secret = std::fs::read(&path).unwrap();
+        for damaged in [
+            &secret[..31],
+            &[][..],
+            &[secret.as_slice(), b"\n"].concat()[..],
+        ] {
+            std::fs::write(&path, damaged).unwrap();
+            let err = Checkpoint::open(tmp.path()).unwrap_err();
+            assert!(
+                matches!(&err, CheckpointError::Corrupt { file, .. } if file == &path),
+                "{err:?}"
+            );
+            assert!(
+                err.to_string().contains(&format!(
+                    "holds {} bytes, not a secret of 32",
+                    damaged.len()
+                )),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_secret_is_corrupt_once_metadata_records_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(Checkpoint::open(tmp.path()).unwrap());
+        let path = tmp.path().join("secret");
+        std::fs::remove_file(&path).unwrap();
+        let err = Checkpoint::open(tmp.path()).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { file, .. } if file == &path),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("missing although metadata"),
+            "{err}"
+        );
+        assert!(!path.exists(), "no new secret replaces the lost one");
+    }
+
+    #[test]
+    fn a_checkpoint_of_an_older_weir_gets_a_secret_from_its_next_batch_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let id = {
+            let cp = Checkpoint::open(tmp.path()).unwrap();
+            cp.offsets().put(0, &entry(0)).unwrap();
+            cp.commits().put(0, &entry(0)).unwrap();
+            cp.offsets().put(1, &entry(1)).unwrap();
+            cp.query_id().to_owned()
+        };
+        // As an older Weir left it: no secret, no secret_since.
+        std::fs::remove_file(tmp.path().join("secret")).unwrap();
+        let old = format!("{{\"version\":1,\"id\":\"{id}\",\"fingerprint\":null}}\n");
+        std::fs::write(tmp.path().join("metadata"), &old).unwrap();
+        let secret = {
+            let cp = Checkpoint::open(tmp.path()).unwrap();
+            assert_eq!(cp.query_id(), id);
+            assert_eq!(
+                cp.secret_since(),
+                2,
+                "batch 1, planned before, keeps its seed"
+            );
+            *cp.secret().expose()
+        };
+        let text = std::fs::read_to_string(tmp.path().join("metadata")).unwrap();
+        assert!(text.contains("\"secret_since\":2"), "{text}");
+        let cp = Checkpoint::open(tmp.path()).unwrap();
+        assert_eq!(cp.secret().expose(), &secret);
+        assert_eq!(cp.secret_since(), 2);
+    }
+
+    #[test]
+    fn a_secret_since_past_the_planned_batches_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let id = Checkpoint::open(tmp.path()).unwrap().query_id().to_owned();
+        let path = tmp.path().join("metadata");
+        let forged =
+            format!("{{\"version\":1,\"id\":\"{id}\",\"fingerprint\":null,\"secret_since\":9}}\n");
+        std::fs::write(&path, forged).unwrap();
+        let err = Checkpoint::open(tmp.path()).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { file, .. } if file == &path),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("secret_since is 9"), "{err}");
     }
 
     #[test]

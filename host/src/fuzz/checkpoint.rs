@@ -477,6 +477,8 @@ fn fuzz_checkpoint_metadata() {
         serde_json::to_value(checkpoint.metadata()).expect("metadata is JSON")
     };
     let valid_bytes = std::fs::read(template.path().join("metadata")).expect("metadata written");
+    // The secret beside it, which the valid metadata says is there.
+    let secret = std::fs::read(template.path().join("secret")).expect("secret written");
     let opened = Reach::default();
     run(300, damage(), |damage| {
         let bytes = match &damage {
@@ -487,6 +489,8 @@ fn fuzz_checkpoint_metadata() {
         let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let path = dir.path().join("metadata");
         std::fs::write(&path, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        std::fs::write(dir.path().join("secret"), &secret)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         match Checkpoint::open(dir.path()) {
             Ok(checkpoint) => {
                 prop_assert_eq!(

@@ -1,7 +1,8 @@
 //! One wasmtime [`Engine`] per process, shared by every plugin: compiling a
 //! component is the expensive step (seconds under Cranelift), so compiled
-//! artifacts are cached on disk by content hash and loaded by `mmap` on the
-//! next start, which takes well under a millisecond.
+//! artifacts are cached on disk by content hash and loaded from there on the
+//! next start, after the checks of `cache` (a compiled artifact is native
+//! code, so only a folder and files that nobody else can have written count).
 //!
 //! Instances come from wasmtime's pooling allocator: the engine reserves
 //! address space for a fixed number of instances up front, so a new
@@ -17,17 +18,15 @@
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::cache::CompiledCache;
 use super::error::PluginError;
-
-/// Numbers the temporary files compiled artifacts are written to.
-static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
 
 /// How often the epoch advances; per-call deadlines are counted in these ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -276,7 +275,9 @@ impl PluginEngine {
     /// # Errors
     /// [`PluginError::Read`] when the file cannot be read, [`PluginError::Compile`]
     /// when it is not a component this host can run, [`PluginError::Cache`] when
-    /// the cache directory cannot be written.
+    /// the cache directory cannot be created or written. A cache directory or
+    /// artifact that fails the checks of `cache` is not an error: it is logged,
+    /// and the plugin is compiled instead.
     pub fn load(&self, name: &str, path: &Path) -> Result<LoadedPlugin, PluginError> {
         let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
             plugin: name.to_owned(),
@@ -302,63 +303,40 @@ impl PluginEngine {
             path: path.to_owned(),
             reason,
         };
-        let Some(dir) = &self.shared.options.cache_dir else {
-            let component =
-                Component::new(self.engine(), bytes).map_err(|e| compile_err(format!("{e:#}")))?;
-            return Ok(LoadedPlugin {
-                name: name.to_owned(),
-                path: path.to_owned(),
-                component,
-                sha256,
-                cached: false,
-            });
+        let loaded = |component, cached| LoadedPlugin {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            component,
+            sha256: sha256.clone(),
+            cached,
         };
-        let artifact = dir.join(format!("{sha256}-{}.cwasm", self.compatibility_key()));
-        if artifact.is_file() {
-            // SAFETY: the artifact was written by `precompile_component` of an
-            // engine with the same compatibility key (it is in the file name),
-            // into a cache directory that only this host writes; wasmtime
-            // also checks the header and refuses a mismatched artifact.
-            if let Ok(component) = unsafe { Component::deserialize_file(self.engine(), &artifact) }
-            {
-                return Ok(LoadedPlugin {
-                    name: name.to_owned(),
-                    path: path.to_owned(),
-                    component,
-                    sha256,
-                    cached: true,
-                });
-            }
-            tracing::warn!(artifact = %artifact.display(), "discarding an unusable compiled plugin");
-        }
-        let compiled = self
-            .engine()
-            .precompile_component(bytes)
-            .map_err(|e| compile_err(format!("{e:#}")))?;
+        let compile =
+            || Component::new(self.engine(), bytes).map_err(|e| compile_err(format!("{e:#}")));
+        let Some(dir) = &self.shared.options.cache_dir else {
+            return Ok(loaded(compile()?, false));
+        };
         let cache_err = |source| PluginError::Cache {
             plugin: name.to_owned(),
             dir: dir.clone(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(cache_err)?;
-        // Unique per writer: threads of one process may compile the same plugin at once.
-        let tmp = dir.join(format!(
-            ".{sha256}.{}.{}.tmp",
-            std::process::id(),
-            NEXT_TMP.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&tmp, &compiled).map_err(cache_err)?;
-        std::fs::rename(&tmp, &artifact).map_err(cache_err)?;
+        let Some(cache) = CompiledCache::open(dir, name).map_err(cache_err)? else {
+            // Not safe to load native code from (the reason is logged): compile every time.
+            return Ok(loaded(compile()?, false));
+        };
+        let artifact = format!("{sha256}-{}.cwasm", self.compatibility_key());
+        if let Some(component) = cache.load(self.engine(), &artifact, name) {
+            return Ok(loaded(component, true));
+        }
+        let compiled = self
+            .engine()
+            .precompile_component(bytes)
+            .map_err(|e| compile_err(format!("{e:#}")))?;
+        cache.store(&artifact, &compiled).map_err(cache_err)?;
         // SAFETY: the bytes were produced just now by this engine.
         let component = unsafe { Component::deserialize(self.engine(), &compiled) }
             .map_err(|e| compile_err(format!("{e:#}")))?;
-        Ok(LoadedPlugin {
-            name: name.to_owned(),
-            path: path.to_owned(),
-            component,
-            sha256,
-            cached: false,
-        })
+        Ok(loaded(component, false))
     }
 
     /// A short key that changes whenever compiled artifacts stop being loadable

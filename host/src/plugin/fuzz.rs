@@ -605,7 +605,7 @@ fn fuzz_ipc_regression_small_lengths() {
         ])),
         vec![
             Arc::new(StringArray::from(vec![Some(text)])),
-            Arc::new(arrow_array::Int32Array::from(vec![None::<i32>])),
+            Arc::new(Int32Array::from(vec![None::<i32>])),
         ],
     )
     .expect("batch");

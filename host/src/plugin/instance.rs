@@ -31,7 +31,7 @@ use super::limiter::{BudgetExceeded, MAX_RESOURCES, MemoryLimiter};
 use super::logs::PluginLog;
 use super::merge_capability;
 use super::merge_capability::{MergeGrants, SharedGrants};
-use super::replay::BatchSeed;
+use super::replay::{BatchSeed, ReplayKey};
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
 
@@ -86,6 +86,8 @@ pub struct PluginOptions {
     pub sandbox: Sandbox,
     /// Crash injection for recovery tests.
     pub failpoint: Option<Failpoint>,
+    /// What the plugin's random numbers are drawn from: the query's secret (see `replay`).
+    pub replay_key: ReplayKey,
 }
 
 /// What a plugin used, and the limits it ran under, for the progress record.
@@ -187,7 +189,7 @@ impl Runtime {
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(log.stderr());
         grants::apply(&self.options.name, sandbox, &mut wasi)?;
-        let seed = BatchSeed::new();
+        let seed = BatchSeed::new(&self.options.replay_key);
         seed.install(&mut wasi);
         let limits =
             MemoryLimiter::new(usize::try_from(sandbox.memory_bytes).unwrap_or(usize::MAX));

@@ -10,8 +10,9 @@
 //!
 //! # Layout
 //! - `bindings`: host-side code generated from the WIT worlds.
-//! - `engine`: the shared wasmtime engine, its epoch ticker and the on-disk
-//!   cache of compiled components.
+//! - `engine`: the shared wasmtime engine and its epoch ticker.
+//! - `cache`: the on-disk cache of compiled components, and the checks (owner,
+//!   mode, MAC) that decide whether its native code may be loaded.
 //! - `convert`: Arrow ⇄ WIT column conversion (buffers, not values).
 //! - `ipc_check`: vets a guest's Arrow IPC stream before arrow-ipc reads it.
 //! - `state`: what a plugin's store holds and the host functions it imports.
@@ -31,6 +32,7 @@
 //! - `error`: [`PluginError`].
 
 mod bindings;
+mod cache;
 mod convert;
 mod deadline;
 mod engine;
@@ -55,4 +57,5 @@ pub use grants::{HttpGrant, env_from_host};
 pub use http_connect::special_address;
 pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
+pub use replay::ReplayKey;
 pub use state::BatchInfo;

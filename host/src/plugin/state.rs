@@ -1,6 +1,6 @@
 //! What a plugin's `Store` holds, and the host functions a plugin imports:
 //! the batch resource it pulls columns from, logging (capped, see `logs`) and deterministic
-//! randomness (drawn from the store's [`BatchSeed`]), and the deadline of the
+//! randomness (drawn from the store's [`BatchSeed`], keyed by the query's secret), and the deadline of the
 //! call in progress. Everything here is per instance, so tenants never share state.
 
 use std::sync::Arc;

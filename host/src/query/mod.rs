@@ -39,7 +39,7 @@ use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
     BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginFile, PluginOptions,
-    PluginUsage, PoolOptions, Sandbox, WasmSink, WasmTransform, env_from_host,
+    PluginUsage, PoolOptions, ReplayKey, Sandbox, WasmSink, WasmTransform, env_from_host,
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
@@ -371,6 +371,8 @@ impl Query {
                 memory_limits.max().unwrap_or(0),
             )),
         })?;
+        // Every plugin of the query draws its random numbers from the checkpoint's secret.
+        let replay_key = ReplayKey::new(checkpoint.secret(), checkpoint.secret_since());
         let mut schema = Arc::clone(sources[0].schema());
         let mut transforms: Vec<Transform> = Vec::new();
         let mut watched = Vec::new();
@@ -390,6 +392,7 @@ impl Query {
                     config_json: t.config.to_string(),
                     sandbox: sandbox(&t.name, &t.limits, &t.capabilities, private_networks)?,
                     failpoint: options.failpoint(),
+                    replay_key: replay_key.clone(),
                 },
                 Arc::clone(&schema),
             )?;
@@ -520,6 +523,7 @@ impl Query {
                         config_json: p.config.to_string(),
                         sandbox: sandbox(&p.name, &p.limits, &p.capabilities, private_networks)?,
                         failpoint: options.failpoint(),
+                        replay_key: replay_key.clone(),
                     },
                     &schema,
                 )?;
