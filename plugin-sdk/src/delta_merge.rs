@@ -5,8 +5,11 @@
 //! and the host performs the merge natively, exactly once per batch id and table. A sink may merge
 //! into several tables per batch, each at most once.
 //!
-//! ```ignore
-//! fn write_batch(&mut self, batch: &Batch<'_>, _info: &BatchInfo) -> Result<(), PluginError> {
+//! ```no_run
+//! use weir_plugin_sdk::{Batch, BatchInfo, Output, PluginError, Selection};
+//!
+//! // The body of a sink's `write_batch`: paid orders go into the granted table "orders".
+//! fn write_batch(batch: &Batch<'_>, _info: &BatchInfo) -> Result<(), PluginError> {
 //!     let status = batch.column("status")?;
 //!     let paid = Selection::from_fn(batch.num_rows(), |r| status.str(r) == Some("paid"));
 //!     weir_plugin_sdk::delta_merge::merge("orders", batch, Some(Output::keep(paid)))?;
