@@ -99,16 +99,18 @@ impl Default for CsvOptions {
     }
 }
 
-/// What to do with a malformed line.
+/// What to do with a malformed line: a source's `on_malformed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MalformedPolicy {
-    /// Keep it: bad fields (or all fields) null, raw line in `_corrupt_record` (Spark's default).
+    /// `"permissive"` (default): keep it, bad fields (or all fields) null, raw line in
+    /// `_corrupt_record` (Spark's default).
     Permissive,
-    /// Leave it out (counted).
+    /// `"drop"`: leave it out (counted).
     Drop,
-    /// Stop decoding with [`DecodeError::Malformed`].
+    /// `"fail"`: stop decoding with [`DecodeError::Malformed`], failing the batch.
     Fail,
-    /// Leave it out and return it in [`Decoded::malformed`] for a dead-letter file.
+    /// `"dead-letter"`: leave it out and return it in [`Decoded::malformed`] for the
+    /// source's `dead_letter_path`.
     DeadLetter,
 }
 

@@ -30,7 +30,7 @@ pub use reload::ReloadOutcome;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
-use crate::operator::aggregate::{AggregateConfig, AggregateOperator, WindowConfig};
+use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
@@ -1358,29 +1358,8 @@ fn plan_stateful(
                     .map_err(|e| invalid(format!("aggregate.select[{i}]: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let window = a.window.as_ref().map(|w| WindowConfig {
-            column: w.column.clone(),
-            spec: match w.kind {
-                spec::WindowKind::Tumbling { size } => {
-                    crate::operator::aggregate::WindowSpec::Tumbling {
-                        size_ms: millis_i64(size),
-                    }
-                }
-                spec::WindowKind::Sliding { size, slide } => {
-                    crate::operator::aggregate::WindowSpec::Sliding {
-                        size_ms: millis_i64(size),
-                        slide_ms: millis_i64(slide),
-                    }
-                }
-                spec::WindowKind::Session { gap } => {
-                    crate::operator::aggregate::WindowSpec::Session {
-                        gap_ms: millis_i64(gap),
-                    }
-                }
-            },
-        });
         let config = AggregateConfig {
-            window,
+            window: a.window.clone(),
             group_by: a.group_by.clone(),
             aggregates,
             output_mode: query.output_mode,

@@ -132,7 +132,7 @@ pub fn open(
                             })
                         }
                     },
-                    policy: malformed_policy(files.on_malformed),
+                    policy: files.on_malformed,
                     batch_size: DECODE_BATCH_ROWS,
                 },
             )
@@ -170,15 +170,5 @@ pub fn open(
             checkpoint,
             last_planned,
         )?)),
-    }
-}
-
-/// The decoder's policy for a source's `on_malformed`.
-pub fn malformed_policy(on_malformed: spec::OnMalformed) -> decode::MalformedPolicy {
-    match on_malformed {
-        spec::OnMalformed::Permissive => decode::MalformedPolicy::Permissive,
-        spec::OnMalformed::Drop => decode::MalformedPolicy::Drop,
-        spec::OnMalformed::Fail => decode::MalformedPolicy::Fail,
-        spec::OnMalformed::DeadLetter => decode::MalformedPolicy::DeadLetter,
     }
 }

@@ -51,6 +51,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::decode::MalformedPolicy;
 pub use crate::plugin::HttpGrant;
 pub use crate::state::StoreKind;
 pub use ddl::parse_schema;
@@ -215,7 +216,7 @@ pub struct KafkaSourceSpec {
     /// `format` + `schema`: how the value is decoded (raw bytes when absent).
     pub value_format: KafkaValueFormat,
     /// `on_malformed` (JSON values only).
-    pub on_malformed: OnMalformed,
+    pub on_malformed: MalformedPolicy,
     /// `dead_letter_path` (resolved), present iff `on_malformed = "dead-letter"`.
     pub dead_letter_path: Option<PathBuf>,
 }
@@ -273,7 +274,7 @@ pub struct FilesSourceSpec {
     /// `max_files_per_trigger`: at most this many new files per batch.
     pub max_files_per_trigger: Option<NonZeroUsize>,
     /// `on_malformed`: what to do with a row that does not match the schema.
-    pub on_malformed: OnMalformed,
+    pub on_malformed: MalformedPolicy,
     /// `dead_letter_path` (resolved), present iff `on_malformed = "dead-letter"`.
     pub dead_letter_path: Option<PathBuf>,
 }
@@ -290,19 +291,6 @@ pub enum InputFormat {
         /// The field separator, one ASCII character.
         delimiter: u8,
     },
-}
-
-/// What a source does with a malformed row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnMalformed {
-    /// `"permissive"` (default): keep the row, with nulls where fields could not be read.
-    Permissive,
-    /// `"drop"`: skip the row (and count it).
-    Drop,
-    /// `"fail"`: fail the batch.
-    Fail,
-    /// `"dead-letter"`: skip the row and write it to `dead_letter_path`.
-    DeadLetter,
 }
 
 /// One `[[transform]]` table: a Wasm plugin applied to every batch.

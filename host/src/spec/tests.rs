@@ -124,7 +124,7 @@ fn example_round_trips_to_the_expected_pipeline() {
                 format: InputFormat::Json,
                 schema: std::sync::Arc::new(schema),
                 max_files_per_trigger: NonZeroUsize::new(1),
-                on_malformed: OnMalformed::Permissive,
+                on_malformed: MalformedPolicy::Permissive,
                 dead_letter_path: None,
             }),
         }],
@@ -167,7 +167,7 @@ fn defaults_apply_when_keys_are_absent() {
     assert_eq!(p.query.output_mode, OutputMode::Append);
     assert_eq!(p.query.max_batch_retries, 2);
     let files = files_source(&p);
-    assert_eq!(files.on_malformed, OnMalformed::Permissive);
+    assert_eq!(files.on_malformed, MalformedPolicy::Permissive);
     assert_eq!(files.max_files_per_trigger, None);
     assert_eq!(files.dead_letter_path, None);
     assert_eq!(p.transforms[0].name, "normalize_status");
@@ -432,7 +432,7 @@ fn csv_options_and_malformed_modes() {
             delimiter: b'\t'
         }
     );
-    assert_eq!(files.on_malformed, OnMalformed::DeadLetter);
+    assert_eq!(files.on_malformed, MalformedPolicy::DeadLetter);
     assert_eq!(
         files.dead_letter_path.as_deref(),
         Some(Path::new("/var/dead"))
@@ -451,7 +451,7 @@ fn csv_options_and_malformed_modes() {
             delimiter: b','
         }
     );
-    assert_eq!(files_source(&p).on_malformed, OnMalformed::Drop);
+    assert_eq!(files_source(&p).on_malformed, MalformedPolicy::Drop);
 
     let text = MINIMAL.replace(
         "format = \"json\"",

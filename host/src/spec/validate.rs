@@ -28,7 +28,7 @@ use super::{
 };
 use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
-    DirGrant, FilesSourceSpec, HttpGrant, InputFormat, OnMalformed, OutputFormat, OutputMode,
+    DirGrant, FilesSourceSpec, HttpGrant, InputFormat, MalformedPolicy, OutputFormat, OutputMode,
     Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
     TransformSpec, Trigger,
 };
@@ -528,13 +528,13 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
     let columns = |s: &SourceSpec| match &s.kind {
         SourceKind::Files(f) => Some((
             Some(Arc::clone(&f.schema)),
-            f.on_malformed == OnMalformed::Permissive,
+            f.on_malformed == MalformedPolicy::Permissive,
         )),
         SourceKind::Kafka(k) => Some(match &k.value_format {
             super::KafkaValueFormat::Raw => (None, false),
             super::KafkaValueFormat::Json(schema) => (
                 Some(Arc::clone(schema)),
-                k.on_malformed == OnMalformed::Permissive,
+                k.on_malformed == MalformedPolicy::Permissive,
             ),
         }),
         SourceKind::Delta(_) => None,
@@ -705,24 +705,24 @@ fn malformed_policy(
     raw_mode: Option<String>,
     dead_letter_path: Option<String>,
     base: &Path,
-) -> (Option<OnMalformed>, Option<Option<PathBuf>>) {
+) -> (Option<MalformedPolicy>, Option<Option<PathBuf>>) {
     let key = |k: &str| format!("{label}.{k}");
     let on_malformed = match raw_mode.as_deref() {
-        None => Some(OnMalformed::Permissive),
+        None => Some(MalformedPolicy::Permissive),
         Some(mode) => c.choice(
             &key("on_malformed"),
             mode,
             "an on_malformed mode",
             &[
-                ("permissive", OnMalformed::Permissive),
-                ("drop", OnMalformed::Drop),
-                ("fail", OnMalformed::Fail),
-                ("dead-letter", OnMalformed::DeadLetter),
+                ("permissive", MalformedPolicy::Permissive),
+                ("drop", MalformedPolicy::Drop),
+                ("fail", MalformedPolicy::Fail),
+                ("dead-letter", MalformedPolicy::DeadLetter),
             ],
         ),
     };
     let dead_letter_path = match (on_malformed, dead_letter_path) {
-        (Some(OnMalformed::DeadLetter), raw) => {
+        (Some(MalformedPolicy::DeadLetter), raw) => {
             if raw.is_none() {
                 c.push(
                     &key("dead_letter_path"),

@@ -15,10 +15,16 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use tempfile::TempDir;
 
 use super::*;
+use crate::spec::WindowKind;
 use crate::state::StoreKind;
 
 const MIN: i64 = 60_000_000;
 const MIN_MS: i64 = 60_000;
+
+/// A window length of `ms` milliseconds.
+const fn ms(ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms.unsigned_abs())
+}
 /// 2024-03-01T00:00:00Z in µs: minute 0 of every case.
 const BASE: i64 = 1_709_251_200_000_000;
 
@@ -50,7 +56,7 @@ type Emitted = (u64, i64, i64, &'static str, i64, i64);
 
 struct Case {
     name: &'static str,
-    spec: WindowSpec,
+    kind: WindowKind,
     mode: OutputMode,
     operator: &'static str,
     out: &'static [Emitted],
@@ -60,7 +66,9 @@ struct Case {
 const CASES: [Case; 4] = [
     Case {
         name: "session_append",
-        spec: WindowSpec::Session { gap_ms: 5 * MIN_MS },
+        kind: WindowKind::Session {
+            gap: ms(5 * MIN_MS),
+        },
         mode: OutputMode::Append,
         operator: "sessionWindowStateStoreSaveExec",
         out: &[
@@ -81,7 +89,9 @@ const CASES: [Case; 4] = [
     },
     Case {
         name: "session_complete",
-        spec: WindowSpec::Session { gap_ms: 5 * MIN_MS },
+        kind: WindowKind::Session {
+            gap: ms(5 * MIN_MS),
+        },
         mode: OutputMode::Complete,
         operator: "sessionWindowStateStoreSaveExec",
         out: &[
@@ -118,9 +128,9 @@ const CASES: [Case; 4] = [
     },
     Case {
         name: "sliding_update",
-        spec: WindowSpec::Sliding {
-            size_ms: 10 * MIN_MS,
-            slide_ms: 5 * MIN_MS,
+        kind: WindowKind::Sliding {
+            size: ms(10 * MIN_MS),
+            slide: ms(5 * MIN_MS),
         },
         mode: OutputMode::Update,
         operator: "stateStoreSave",
@@ -161,8 +171,8 @@ const CASES: [Case; 4] = [
     },
     Case {
         name: "tumbling_append",
-        spec: WindowSpec::Tumbling {
-            size_ms: 5 * MIN_MS,
+        kind: WindowKind::Tumbling {
+            size: ms(5 * MIN_MS),
         },
         mode: OutputMode::Append,
         operator: "stateStoreSave",
@@ -232,9 +242,9 @@ fn spark_golden_cases() {
     for case in CASES {
         let dir = TempDir::new().expect("tempdir");
         let config = AggregateConfig {
-            window: Some(WindowConfig {
+            window: Some(WindowSpec {
                 column: "t".into(),
-                spec: case.spec,
+                kind: case.kind,
             }),
             group_by: vec!["k".into()],
             aggregates: ["count(*) AS n", "sum(amount) AS s"]

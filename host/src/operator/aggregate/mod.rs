@@ -100,7 +100,7 @@ use crate::operator::partitioned::{CountEntry, KeyCount, PartitionedConfig, Part
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
-use crate::spec::OutputMode;
+use crate::spec::{self, OutputMode, WindowSpec};
 use crate::state::{StateError, StateOptions};
 
 /// Prefix of group entries.
@@ -112,25 +112,11 @@ const SESSION_INDEX: u8 = 0x02;
 /// The key of a store's group count.
 const META: &[u8] = &[0x03];
 
-/// How rows are assigned to windows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowSpec {
-    Tumbling { size_ms: i64 },
-    Sliding { size_ms: i64, slide_ms: i64 },
-    Session { gap_ms: i64 },
-}
-
-/// `aggregate.window`: the event-time column and the window kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WindowConfig {
-    pub column: String,
-    pub spec: WindowSpec,
-}
-
 /// What to aggregate and how to keep its state.
 #[derive(Debug, Clone)]
 pub struct AggregateConfig {
-    pub window: Option<WindowConfig>,
+    /// The pipeline's `aggregate.window`, as `weir validate` read it.
+    pub window: Option<WindowSpec>,
     pub group_by: Vec<String>,
     /// From [`parse_agg_expr`], in output order.
     pub aggregates: Vec<AggExpr>,
@@ -629,8 +615,8 @@ impl AggregateOperator {
 /// Resolves `config` against `input`, refusing what cannot run.
 fn checked_plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, OperatorError> {
     let name = match &config.window {
-        Some(WindowConfig {
-            spec: WindowSpec::Session { .. },
+        Some(WindowSpec {
+            kind: spec::WindowKind::Session { .. },
             ..
         }) => plan::NAME_SESSION,
         _ => plan::NAME,

@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
+use super::AggregateConfig;
 use super::decimal;
 use super::expr::{AggExpr, AggFunction};
-use super::{AggregateConfig, WindowSpec};
 use crate::operator::key_encoding::key_type_supported;
 use crate::operator::stateful::{StateSchema, resolve};
-use crate::spec::OutputMode;
+use crate::spec::{self, OutputMode};
+use std::time::Duration;
 
 /// Spark's operator names (`StateStoreSaveExec.shortName`,
 /// `SessionWindowStateStoreSaveExec.shortName`).
@@ -235,14 +236,12 @@ impl Plan {
     }
 }
 
-fn ms_to_micros(what: &str, ms: i64) -> Result<i64, AggregateError> {
-    if ms <= 0 {
-        return Err(AggregateError::Window(format!(
-            "{what} must be positive, got {ms} ms"
-        )));
+fn micros(what: &str, d: Duration) -> Result<i64, AggregateError> {
+    if d.is_zero() {
+        return Err(AggregateError::Window(format!("{what} must be positive")));
     }
-    ms.checked_mul(1000)
-        .ok_or_else(|| AggregateError::Window(format!("{what} of {ms} ms is too large")))
+    i64::try_from(d.as_micros())
+        .map_err(|_| AggregateError::Window(format!("{what} of {d:?} is too large")))
 }
 
 /// Resolves and checks `config` against `input`.
@@ -280,27 +279,29 @@ pub(super) fn plan(config: &AggregateConfig, input: &SchemaRef) -> Result<Plan, 
                     data_type: field.data_type().clone(),
                 });
             }
-            let kind = match w.spec {
-                WindowSpec::Tumbling { size_ms } => WindowKind::Tumbling {
-                    size: ms_to_micros("size", size_ms)?,
+            let kind = match w.kind {
+                spec::WindowKind::Tumbling { size } => WindowKind::Tumbling {
+                    size: micros("size", size)?,
                 },
-                WindowSpec::Sliding { size_ms, slide_ms } => {
-                    let size = ms_to_micros("size", size_ms)?;
-                    let slide = ms_to_micros("slide", slide_ms)?;
+                spec::WindowKind::Sliding { size, slide } => {
                     if slide > size {
                         return Err(AggregateError::Window(format!(
-                            "slide ({slide_ms} ms) must not exceed size ({size_ms} ms), as in \
-                             Spark; rows between windows would be lost"
+                            "slide ({} ms) must not exceed size ({} ms), as in Spark; rows \
+                             between windows would be lost",
+                            slide.as_millis(),
+                            size.as_millis()
                         )));
                     }
+                    let size = micros("size", size)?;
+                    let slide = micros("slide", slide)?;
                     if slide == size {
                         WindowKind::Tumbling { size }
                     } else {
                         WindowKind::Sliding { size, slide }
                     }
                 }
-                WindowSpec::Session { gap_ms } => WindowKind::Session {
-                    gap: ms_to_micros("gap", gap_ms)?,
+                spec::WindowKind::Session { gap } => WindowKind::Session {
+                    gap: micros("gap", gap)?,
                 },
             };
             Some(WindowPlan {

@@ -12,11 +12,17 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use tempfile::TempDir;
 
 use super::*;
+use crate::spec::WindowKind;
 use crate::state::StoreKind;
 
 /// One minute in µs and in ms.
 const MIN: i64 = 60_000_000;
 const MIN_MS: i64 = 60_000;
+
+/// A window length of `ms` milliseconds.
+const fn ms(ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms.unsigned_abs())
+}
 
 fn ts_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))
@@ -92,10 +98,10 @@ fn aggs(texts: &[&str]) -> Vec<AggExpr> {
 /// orders, append mode, watermark on `occurred_at`, two partitions.
 fn config(dir: &Path) -> AggregateConfig {
     AggregateConfig {
-        window: Some(WindowConfig {
+        window: Some(WindowSpec {
             column: "occurred_at".into(),
-            spec: WindowSpec::Tumbling {
-                size_ms: 5 * MIN_MS,
+            kind: WindowKind::Tumbling {
+                size: ms(5 * MIN_MS),
             },
         }),
         group_by: vec!["status".into()],
@@ -404,11 +410,11 @@ fn sliding_windows_put_each_row_in_every_window_that_contains_it() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
     c.output_mode = OutputMode::Complete;
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "occurred_at".into(),
-        spec: WindowSpec::Sliding {
-            size_ms: 10 * MIN_MS,
-            slide_ms: 5 * MIN_MS,
+        kind: WindowKind::Sliding {
+            size: ms(10 * MIN_MS),
+            slide: ms(5 * MIN_MS),
         },
     });
     let mut op = open(c);
@@ -422,11 +428,11 @@ fn sliding_windows_put_each_row_in_every_window_that_contains_it() {
     let dir = TempDir::new().expect("tempdir");
     let mut c = config(dir.path());
     c.output_mode = OutputMode::Complete;
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "occurred_at".into(),
-        spec: WindowSpec::Sliding {
-            size_ms: 10 * MIN_MS,
-            slide_ms: 3 * MIN_MS,
+        kind: WindowKind::Sliding {
+            size: ms(10 * MIN_MS),
+            slide: ms(3 * MIN_MS),
         },
     });
     let mut op = open(c);
@@ -453,9 +459,11 @@ fn tumbling_windows_floor_before_the_epoch() {
 
 fn session_config(dir: &Path, mode: OutputMode) -> AggregateConfig {
     let mut c = config(dir);
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "occurred_at".into(),
-        spec: WindowSpec::Session { gap_ms: 5 * MIN_MS },
+        kind: WindowKind::Session {
+            gap: ms(5 * MIN_MS),
+        },
     });
     c.output_mode = mode;
     c
@@ -985,17 +993,17 @@ fn invalid_configurations_are_refused_with_the_reason() {
     assert!(m.contains("sum does not accept column \"status\""), "{m}");
 
     let mut c = config(dir.path());
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "status".into(),
-        spec: WindowSpec::Tumbling { size_ms: 1000 },
+        kind: WindowKind::Tumbling { size: ms(1000) },
     });
     let m = refused(c);
     assert!(m.contains("windows need an event time"), "{m}");
 
     let mut c = config(dir.path());
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "shipped_at".into(),
-        spec: WindowSpec::Tumbling { size_ms: 1000 },
+        kind: WindowKind::Tumbling { size: ms(1000) },
     });
     c.group_by = vec!["status".into(), "occurred_at".into()];
     let m = refused(c);
@@ -1010,11 +1018,11 @@ fn invalid_configurations_are_refused_with_the_reason() {
     assert!(m.contains("not supported with session windows"), "{m}");
 
     let mut c = config(dir.path());
-    c.window = Some(WindowConfig {
+    c.window = Some(WindowSpec {
         column: "occurred_at".into(),
-        spec: WindowSpec::Sliding {
-            size_ms: 1000,
-            slide_ms: 2000,
+        kind: WindowKind::Sliding {
+            size: ms(1000),
+            slide: ms(2000),
         },
     });
     let m = refused(c);

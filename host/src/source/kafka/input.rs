@@ -55,7 +55,7 @@ impl KafkaInput {
                     Arc::clone(schema),
                     DecoderOptions {
                         format: decode::Format::JsonLines,
-                        policy: crate::source::malformed_policy(spec.on_malformed),
+                        policy: spec.on_malformed,
                         batch_size: DECODE_BATCH_ROWS,
                     },
                 )

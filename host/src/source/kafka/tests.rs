@@ -13,7 +13,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 
 use super::*;
 use crate::decode::{DecoderOptions, Format, MalformedPolicy};
-use crate::spec::{KafkaValueFormat, OnMalformed, StartingOffsets};
+use crate::spec::{KafkaValueFormat, StartingOffsets};
 
 fn cluster(partitions: i32) -> MockCluster<'static, DefaultProducerContext> {
     let cluster = MockCluster::new(1).unwrap();
@@ -50,7 +50,7 @@ fn spec(bootstrap: &str, limit: Option<u64>, format: KafkaValueFormat) -> KafkaS
         max_offsets_per_trigger: limit.and_then(std::num::NonZeroU64::new),
         fail_on_data_loss: true,
         value_format: format,
-        on_malformed: OnMalformed::Permissive,
+        on_malformed: MalformedPolicy::Permissive,
         dead_letter_path: None,
     }
 }

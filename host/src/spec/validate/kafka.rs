@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::super::raw::{RawKafkaSink, RawKafkaSource};
 use super::super::{
-    KafkaDelivery, KafkaSinkSpec, KafkaSourceSpec, KafkaTopics, KafkaValueFormat, OnMalformed,
+    KafkaDelivery, KafkaSinkSpec, KafkaSourceSpec, KafkaTopics, KafkaValueFormat, MalformedPolicy,
     SinkSpec, SourceKind, SourceSpec, StartingOffsets,
 };
 use super::{Collector, malformed_policy};
@@ -125,7 +125,7 @@ pub(super) fn source(
             max_offsets_per_trigger: max_offsets_per_trigger?,
             fail_on_data_loss,
             value_format: value_format?,
-            on_malformed: on_malformed.unwrap_or(OnMalformed::Permissive),
+            on_malformed: on_malformed.unwrap_or(MalformedPolicy::Permissive),
             dead_letter_path: dead_letter_path?,
         }),
     })
