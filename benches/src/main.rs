@@ -2,8 +2,8 @@
 //! tests: they run by hand on a release build and print medians.
 //!
 //! `weir-bench pipeline --input DIR [--runs N] [--work DIR]` runs
-//! files → JSON decode → filter (Wasm plugin, then the same filter native)
-//! → Parquet, each run in its own child process so that CPU seconds and
+//! files → JSON decode → transform → Parquet with four transforms (the Wasm
+//! filter plugin, the same filter native, the SQL transform of issue 14, none), each run in its own child process so that CPU seconds and
 //! peak RSS are the child's own (wait4), and measures the time from starting
 //! `weir run` to the first batch starting.
 //!
@@ -99,7 +99,7 @@ fn pipeline(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     weir_host::examples::write_plugins(&work.join("plugins"))?;
     let cache = work.join("plugin-cache");
-    for variant in ["wasm", "native"] {
+    for variant in VARIANTS {
         std::fs::write(
             work.join(format!("{variant}.toml")),
             pipeline_file(&input, variant),
@@ -112,7 +112,7 @@ fn pipeline(args: &[String]) -> Result<()> {
 
     let mut samples: Vec<(&str, Sample)> = Vec::new();
     for _ in 0..runs {
-        for variant in ["wasm", "native"] {
+        for variant in VARIANTS {
             let s = measure(&exe, &work, &cache, variant)?;
             eprintln!(
                 "{variant}: {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
@@ -134,7 +134,7 @@ fn pipeline(args: &[String]) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut per_cpu = Vec::new();
-    for variant in ["wasm", "native"] {
+    for variant in VARIANTS {
         let of: Vec<Sample> = samples
             .iter()
             .filter(|(v, _)| *v == variant)
@@ -158,6 +158,15 @@ fn pipeline(args: &[String]) -> Result<()> {
         per_cpu[0] / per_cpu[1]
     );
     println!(
+        "SQL/no-transform CPU ratio (median): {:.3}; Wasm/no-transform: {:.3}",
+        per_cpu[2] / per_cpu[3],
+        per_cpu[0] / per_cpu[3]
+    );
+    let fixed = sql_fixed_cost()?;
+    println!(
+        "SQL transform fixed cost per batch (1-row batches, median of 5 × 20,000): {fixed:.2} µs"
+    );
+    println!(
         "time from `weir run` to the first batch starting (plugin cached), median of {}: {:.1} ms",
         startups.len(),
         median(startups.iter().map(|d| d.as_secs_f64() * 1000.0).collect())
@@ -165,11 +174,60 @@ fn pipeline(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The variants of `pipeline`: the Wasm filter, the same filter native, the
+/// SQL transform of issue 14, and no transform at all.
+const VARIANTS: [&str; 4] = ["wasm", "native", "sql", "none"];
+
+/// The statement the SQL variant runs.
+const BENCH_SQL: &str = "SELECT order_id, upper(status) AS status, amount * 2 AS doubled, \
+                         current_timestamp() AS ingested_at FROM input WHERE amount > 50";
+
+/// The cost of one SQL transform call apart from its rows: a one-row batch
+/// through the statement of the SQL variant, in µs (median of 5 rounds).
+fn sql_fixed_cost() -> Result<f64> {
+    let schema = weir_host::spec::parse_schema(weir_host::examples::ORDERS_SCHEMA)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let schema = Arc::new(schema);
+    let columns: Vec<arrow_array::ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let one =
+                arrow_cast::cast(&StringArray::from(vec!["70"]), f.data_type()).or_else(|_| {
+                    arrow_cast::cast(
+                        &StringArray::from(vec!["2024-03-01T00:00:00Z"]),
+                        f.data_type(),
+                    )
+                });
+            one.map_err(anyhow::Error::from)
+        })
+        .collect::<Result<_>>()?;
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+    let mut t = weir_host::sql::SqlTransform::new("bench", BENCH_SQL, &schema)?;
+    let mut rounds = Vec::new();
+    for round in 0..5_u64 {
+        let started = Instant::now();
+        for i in 0..20_000_u64 {
+            let info = BatchInfo {
+                query_id: "bench".into(),
+                batch_id: round * 20_000 + i,
+                attempt: 0,
+                timestamp_micros: 1_700_000_000_000_000,
+                partition: 0,
+            };
+            let out = t.process(&batch, &info)?;
+            std::hint::black_box(out);
+        }
+        rounds.push(started.elapsed().as_secs_f64() * 1e6 / 20_000.0);
+    }
+    Ok(median(rounds))
+}
+
 fn pipeline_file(input: &Path, variant: &str) -> String {
-    let transform = if variant == "wasm" {
-        "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n"
-    } else {
-        ""
+    let transform = match variant {
+        "wasm" => "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n".to_owned(),
+        "sql" => format!("[[transform]]\nname = \"enrich\"\nsql = \"{BENCH_SQL}\"\n"),
+        _ => String::new(),
     };
     format!(
         r#"[query]

@@ -15,6 +15,7 @@
 //! | sources: files, Kafka, Delta | [`source`] (`source::open` is the factory) |
 //! | bytes to Arrow, malformed-record policies, dead letters | [`decode`] |
 //! | the Wasm host: engine and cache, sandbox, limits, grants, deadline, guest output checks | [`plugin`] |
+//! | SQL transforms: DataFusion's planner and expressions, Spark's functions, the batch clock | [`sql`] |
 //! | stateless transforms and stateful operators (aggregation, dedup, keyed Wasm state) | [`operator`] |
 //! | event-time watermarks and lateness | [`watermark`] |
 //! | versioned, partitioned state stores (RocksDB, memory) | [`state`] |
@@ -43,5 +44,6 @@ pub mod query;
 pub mod sink;
 pub mod source;
 pub mod spec;
+pub mod sql;
 pub mod state;
 pub mod watermark;

@@ -78,6 +78,17 @@ HASHES = os.path.join(HERE, "hashes.json")
 CASE_FILES = ["batches.csv", "expected.csv", "pipeline.toml", "progress.csv"]
 
 WATERMARK = "10 minutes"
+
+# The SQL transform case: the same statement text runs on Spark (over a temporary view named
+# `input`) and on Weir (`[[transform]] sql`).
+SQL_TRANSFORM = (
+    "SELECT order_id, upper(status) AS status, amount * 2 AS doubled, "
+    "CASE WHEN amount >= 100 THEN 'large' WHEN amount >= 20 THEN 'medium' ELSE 'small' END AS size, "
+    "coalesce(session_id, 'none') AS session, concat_ws('-', status, CAST(customer_id AS STRING)) AS tag, "
+    "amount - 0.1 * 3 AS exact, hour(occurred_at) AS hour, nullif(status, 'completed') AS open_status "
+    "FROM input WHERE amount > 50 AND status <> 'cancelled'"
+)
+SQL_COLUMNS = ["order_id", "status", "doubled", "size", "session", "tag", "exact", "hour", "open_status"]
 ORDER_COLUMNS = ["order_id", "customer_id", "status", "amount", "occurred_at", "session_id"]
 
 
@@ -130,6 +141,10 @@ def cases(F):
     def by_status(df):
         return df.groupBy("status").agg(*status_aggs())
 
+    def sql_transform(df):
+        df.createOrReplaceTempView("input")
+        return df.sparkSession.sql(SQL_TRANSFORM)
+
     wm_toml = f'[watermark]\ncolumn = "occurred_at"\ndelay = "{WATERMARK}"\n'
     return {
         "revenue_append": dict(
@@ -172,6 +187,12 @@ def cases(F):
             state_store="memory",
             about="withWatermark -> dropDuplicatesWithinWatermark([order_id]); append",
             weir=wm_toml + '\n[deduplicate]\nkeys = ["order_id"]\nwithin_watermark = true\n'),
+        "sql_transform": dict(
+            query=sql_transform, mode="append", columns=SQL_COLUMNS, keys=None, watermark=False,
+            state_store="memory",
+            about="spark.sql over the stream as a view `input`: projections, CASE, casts, decimal "
+                  "arithmetic, string and date functions, coalesce/nullif, a filter; append",
+            weir=f'[[transform]]\nname = "enrich"\nsql = """{SQL_TRANSFORM}"""\n'),
         "status_complete": dict(
             query=by_status, mode="complete", columns=status_cols, keys=None, watermark=False,
             state_store="memory",
@@ -277,6 +298,9 @@ def build_session():
     spark = (SparkSession.builder.master("local[2]").appName("weir-golden")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
+             # Spark pushes a WHERE into the JSON reader, and numInputRows then counts the rows
+             # that passed it; Weir's (and Spark's without pushdown) count every row read.
+             .config("spark.sql.json.filterPushdown.enabled", "false")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
@@ -487,6 +511,7 @@ def main(argv=None):
         info = {
             "pyspark": pyspark.__version__, "java": java, "python": platform.python_version(),
             "master": "local[2]", "spark.sql.shuffle.partitions": 2, "spark.sql.session.timeZone": "UTC",
+            "spark.sql.json.filterPushdown.enabled": False,
             "maxFilesPerTrigger": 1, "trigger": "availableNow", "schema": SCHEMA_DDL, "mode": "PERMISSIVE",
             "gen_orders_args": GEN_ARGS, "input_files": names, "mtime_base": MTIME_BASE,
             "refused_by_spark": refusals,

@@ -64,7 +64,7 @@ enum Mode {
 
 /// Every golden case and its mode; `golden_files_are_make_goldens` checks this against what
 /// `make_golden.py` recorded, so a case added there without a test here fails.
-const CASES: [(&str, Mode); 9] = [
+const CASES: [(&str, Mode); 10] = [
     ("revenue_append", Mode::Append),
     ("revenue_update", Mode::Update { keys: 3 }),
     ("revenue_complete", Mode::Complete),
@@ -72,6 +72,7 @@ const CASES: [(&str, Mode); 9] = [
     ("session", Mode::Append),
     ("dedup", Mode::Append),
     ("dedup_within_watermark", Mode::Append),
+    ("sql_transform", Mode::Append),
     ("status_complete", Mode::Complete),
     ("status_update", Mode::Update { keys: 1 }),
 ];
@@ -109,6 +110,11 @@ fn dedup() -> Result<()> {
 #[test]
 fn dedup_within_watermark() -> Result<()> {
     golden_case("dedup_within_watermark")
+}
+
+#[test]
+fn sql_transform() -> Result<()> {
+    golden_case("sql_transform")
 }
 
 #[test]

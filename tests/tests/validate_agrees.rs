@@ -228,6 +228,31 @@ fn refused() -> Vec<(String, String)> {
             ),
             "sink.capabilities.dirs[0].host: no such folder (create it before the query starts)".into(),
         ),
+        // SQL transforms: the statement is checked, and planned against the source's schema.
+        (
+            pipeline("sql_group_by", "", "[[transform]]\nsql = \"SELECT status, count(*) AS n FROM input GROUP BY status\"", "[sink]\nkind = \"memory\""),
+            "transform[0].sql: GROUP BY is not supported in a transform: aggregation keeps state across batches: use [aggregate] (group_by, window, select)".into(),
+        ),
+        (
+            pipeline("sql_order_by", "", "[[transform]]\nsql = \"SELECT * FROM input ORDER BY amount LIMIT 3\"", "[sink]\nkind = \"memory\""),
+            "transform[0].sql: ORDER BY is not supported in a transform".into(),
+        ),
+        (
+            pipeline("sql_column", "", "[[transform]]\nsql = \"SELECT order_id, amout FROM input\"", "[sink]\nkind = \"memory\""),
+            "transform[0].sql: no column \"amout\" in the transform's input (did you mean amount?)".into(),
+        ),
+        (
+            pipeline("sql_function", "", "[[transform]]\nsql = \"SELECT lowr(status) AS s FROM input\"", "[sink]\nkind = \"memory\""),
+            "transform[0].sql: unknown function lowr() (did you mean lower?)".into(),
+        ),
+        (
+            pipeline("sql_input", "", "[[transform]]\ninput = \"clicks\"\nsql = \"SELECT * FROM input\"", "[sink]\nkind = \"memory\""),
+            "transform[0].input: no [[source]] is named \"clicks\" (the sources are orders)".into(),
+        ),
+        (
+            pipeline("sql_and_plugin", "", "[[transform]]\nplugin = \"plugins/filter_rows.wasm\"\nsql = \"SELECT * FROM input\"", "[sink]\nkind = \"memory\""),
+            "transform[0].plugin: is a plugin's key: a [[transform]] runs either `sql` or a `plugin`, not both".into(),
+        ),
         // Refused by both already.
         (
             pipeline("no_watermark", "", "[aggregate]\ngroup_by = [\"status\"]\nselect = [\"count(*)\"]", "[sink]\nkind = \"memory\""),

@@ -26,6 +26,8 @@ use crate::plugin::{BatchInfo, PluginError, WasmTransform};
 pub enum TransformError {
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Sql(#[from] crate::sql::SqlError),
     #[error("transform {name} failed batch {batch_id}: {message}")]
     Native {
         name: String,
@@ -39,6 +41,7 @@ impl TransformError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Plugin(e) => e.is_retryable(),
+            Self::Sql(e) => e.is_retryable(),
             Self::Native { .. } => false,
         }
     }

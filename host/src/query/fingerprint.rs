@@ -17,8 +17,8 @@ use serde_json::{Map, Value, json};
 
 use crate::operator::stateful::StateSchema;
 use crate::spec::{
-    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, Trigger,
-    WatermarkPolicy, WindowKind,
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, TransformKind,
+    Trigger, WatermarkPolicy, WindowKind,
 };
 
 /// Parts of the fingerprint a restart may not change.
@@ -138,6 +138,16 @@ pub fn of(
         Value::Null
     };
     let is_stateful = !stateful.is_null() || !stateful_plugins.is_empty();
+    let sql: Vec<Value> = pipeline
+        .transforms
+        .iter()
+        .filter_map(|t| match &t.kind {
+            TransformKind::Sql { sql } => {
+                Some(json!({ "name": t.name, "input": t.input, "sql": sql }))
+            }
+            TransformKind::Wasm(_) => None,
+        })
+        .collect();
     json!({
         "sources": sources,
         "rate_limits": rate_limits,
@@ -178,6 +188,8 @@ pub fn of(
             SinkSpec::DeltaMerge(_) => "delta-merge",
         },
         "plugins": plugins.iter().map(|(name, sha)| json!({"name": name, "sha256": sha})).collect::<Vec<_>>(),
+        // Logged when edited, never refused: what reaches state is checked by its schemas.
+        "sql_transforms": if sql.is_empty() { Value::Null } else { json!(sql) },
     })
 }
 
@@ -241,7 +253,10 @@ pub fn compare(old: &Value, new: &Value) -> Comparison {
         if a == b {
             continue;
         }
-        let sentence = format!("{key} was {a}, is now {b}");
+        let sentence = match column_changes(a, b) {
+            Some(columns) => format!("{columns} ({key} was {a}, is now {b})"),
+            None => format!("{key} was {a}, is now {b}"),
+        };
         match FROZEN.iter().find(|(k, _)| k == key) {
             // A stateless query that becomes stateful (or the reverse) has
             // no state to misread: only refuse when state existed before.
@@ -251,6 +266,36 @@ pub fn compare(old: &Value, new: &Value) -> Comparison {
         }
     }
     out
+}
+
+/// For two recorded schemas (`{"columns": ["name type", ...]}`), the columns
+/// that differ, named: "column amount was Decimal128(12, 2), is now Float64".
+fn column_changes(old: &Value, new: &Value) -> Option<String> {
+    let columns = |v: &Value| -> Option<Vec<(String, String)>> {
+        v.get("columns")?
+            .as_array()?
+            .iter()
+            .map(|c| {
+                let (name, t) = c.as_str()?.split_once(' ')?;
+                Some((name.to_owned(), t.to_owned()))
+            })
+            .collect()
+    };
+    let (old, new) = (columns(old)?, columns(new)?);
+    let mut changes = Vec::new();
+    for (name, t) in &old {
+        match new.iter().find(|(n, _)| n == name) {
+            Some((_, u)) if u != t => changes.push(format!("column {name} was {t}, is now {u}")),
+            Some(_) => {}
+            None => changes.push(format!("column {name} ({t}) is gone")),
+        }
+    }
+    for (name, t) in &new {
+        if !old.iter().any(|(n, _)| n == name) {
+            changes.push(format!("column {name} ({t}) is new"));
+        }
+    }
+    (!changes.is_empty()).then(|| changes.join("; "))
 }
 
 /// Compares what a fingerprint of the older format allows — every state

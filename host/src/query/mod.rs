@@ -44,7 +44,10 @@ use crate::plugin::{
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
-use crate::spec::{self, OutputMode, Pipeline, SinkSpec, Trigger, WatermarkPolicy};
+use crate::spec::{
+    self, OutputMode, Pipeline, SinkSpec, TransformKind, TransformSpec, Trigger, WatermarkPolicy,
+};
+use crate::sql::SqlTransform;
 use crate::state::{StateError, StateOptions};
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
 use stage::{QuerySink, Transform};
@@ -247,6 +250,8 @@ pub struct Query {
     /// The query's inputs, unioned; index i owns `sources/<i>/`.
     sources: Vec<Box<dyn Source>>,
     transforms: Vec<Transform>,
+    /// The source each transform applies to (`input`), or `None` for every one.
+    transform_inputs: Vec<Option<usize>>,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -335,28 +340,10 @@ impl Query {
         for (index, spec) in pipeline.sources.iter().enumerate() {
             sources.push(sources::open(spec, index, &checkpoint, last_planned)?);
         }
-        // The inputs are unioned: every one must bring the same columns.
-        let first = &sources[0];
-        for other in &sources[1..] {
-            if other.schema() != first.schema() {
-                return Err(QueryError::Invalid {
-                    query: pipeline.query.name.clone(),
-                    message: format!(
-                        "sources {} and {} have different schemas ({} vs {}); the sources of a query are unioned and must produce the same columns",
-                        first.name(),
-                        other.name(),
-                        schema_text(first.schema()),
-                        schema_text(other.schema()),
-                    ),
-                });
-            }
-        }
-
-        let fuel = pipeline.transforms.iter().any(|t| t.limits.fuel.is_some())
+        let wasm = || pipeline.transforms.iter().filter_map(TransformSpec::wasm);
+        let fuel = wasm().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
-        let memory_limits = pipeline
-            .transforms
-            .iter()
+        let memory_limits = wasm()
             .map(|t| t.limits.memory_bytes)
             .chain(match &pipeline.sink {
                 SinkSpec::Plugin(p) => Some(p.limits.memory_bytes),
@@ -373,32 +360,82 @@ impl Query {
         })?;
         // Every plugin of the query draws its random numbers from the checkpoint's secret.
         let replay_key = ReplayKey::new(checkpoint.secret(), checkpoint.secret_since());
-        let mut schema = Arc::clone(sources[0].schema());
+        // The transforms of one input first, each on its input's schema; then
+        // the inputs meet (a union: they must agree) and the rest apply to all.
+        let mut input_schemas: Vec<SchemaRef> =
+            sources.iter().map(|s| Arc::clone(s.schema())).collect();
+        let mut schema: Option<SchemaRef> = None;
         let mut transforms: Vec<Transform> = Vec::new();
+        let mut transform_inputs: Vec<Option<usize>> = Vec::new();
         let mut watched = Vec::new();
         for (i, t) in pipeline.transforms.iter().enumerate() {
-            let loaded = engine.load(&t.name, &t.plugin)?;
-            loaded.check_pin(t.sha256.as_deref())?;
-            watched.push(reload::Watched {
-                stage: reload::Stage::Transform(i),
-                file: PluginFile::new(&t.name, &t.plugin, &loaded.sha256),
-                pin: t.sha256.clone(),
-            });
-            let transform = WasmTransform::open(
-                &engine,
-                loaded,
-                PluginOptions {
-                    name: t.name.clone(),
-                    config_json: t.config.to_string(),
-                    sandbox: sandbox(&t.name, &t.limits, &t.capabilities, private_networks)?,
-                    failpoint: options.failpoint(),
-                    replay_key: replay_key.clone(),
-                },
-                Arc::clone(&schema),
-            )?;
-            schema = Arc::clone(transform.output_schema());
-            transforms.push(Transform::Wasm(Box::new(transform)));
+            let input = t
+                .input
+                .as_ref()
+                .map(|name| {
+                    pipeline
+                        .sources
+                        .iter()
+                        .position(|s| &s.name == name)
+                        .ok_or_else(|| QueryError::Invalid {
+                            query: pipeline.query.name.clone(),
+                            message: format!("transform {} reads no source named {name:?}", t.name),
+                        })
+                })
+                .transpose()?;
+            let in_schema = match input {
+                Some(j) => &mut input_schemas[j],
+                None => {
+                    if schema.is_none() {
+                        schema = Some(union_schema(
+                            &pipeline.query.name,
+                            &sources,
+                            &input_schemas,
+                        )?);
+                    }
+                    schema.as_mut().unwrap_or_else(|| unreachable!("set above"))
+                }
+            };
+            let transform = match &t.kind {
+                TransformKind::Sql { sql } => Transform::Sql(Box::new(
+                    SqlTransform::new(&t.name, sql, in_schema)
+                        .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?,
+                )),
+                TransformKind::Wasm(w) => {
+                    let loaded = engine.load(&t.name, &w.plugin)?;
+                    loaded.check_pin(w.sha256.as_deref())?;
+                    watched.push(reload::Watched {
+                        stage: reload::Stage::Transform(i),
+                        file: PluginFile::new(&t.name, &w.plugin, &loaded.sha256),
+                        pin: w.sha256.clone(),
+                    });
+                    Transform::Wasm(Box::new(WasmTransform::open(
+                        &engine,
+                        loaded,
+                        PluginOptions {
+                            name: t.name.clone(),
+                            config_json: w.config.to_string(),
+                            sandbox: sandbox(
+                                &t.name,
+                                &w.limits,
+                                &w.capabilities,
+                                private_networks,
+                            )?,
+                            failpoint: options.failpoint(),
+                            replay_key: replay_key.clone(),
+                        },
+                        Arc::clone(in_schema),
+                    )?))
+                }
+            };
+            *in_schema = Arc::clone(transform.output_schema());
+            transforms.push(transform);
+            transform_inputs.push(input);
         }
+        let mut schema = match schema {
+            Some(s) => s,
+            None => union_schema(&pipeline.query.name, &sources, &input_schemas)?,
+        };
         // Stateful transforms in pipeline order: their rank names their state folder.
         let stateful_plugins: Vec<(usize, String)> = transforms
             .iter()
@@ -410,6 +447,7 @@ impl Query {
             let transform = make(&schema);
             schema = Arc::clone(transform.output_schema());
             transforms.push(Transform::Native(transform));
+            transform_inputs.push(None);
         }
 
         let watermark = match &pipeline.watermark {
@@ -597,6 +635,7 @@ impl Query {
             poll_time: Duration::ZERO,
             sources,
             transforms,
+            transform_inputs,
             stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
@@ -1125,9 +1164,12 @@ impl Query {
             let first_output = outputs.len();
             for batch in decoded.batches {
                 let mut batch = batch;
-                for t in &mut self.transforms {
+                for (t, input) in self.transforms.iter_mut().zip(&self.transform_inputs) {
                     if batch.num_rows() == 0 {
                         break;
+                    }
+                    if input.is_some_and(|j| j != i) {
+                        continue;
                     }
                     batch = t.process(&batch, info)?;
                 }
@@ -1246,6 +1288,31 @@ fn sandbox(
         delta_merge: capabilities.delta_merge.clone(),
         private_networks,
     })
+}
+
+/// The schema where the inputs meet: they are unioned, so each must bring
+/// the same columns (after the transforms of its own).
+fn union_schema(
+    query: &str,
+    sources: &[Box<dyn Source>],
+    schemas: &[SchemaRef],
+) -> Result<SchemaRef, QueryError> {
+    let first = &schemas[0];
+    for (i, other) in schemas.iter().enumerate().skip(1) {
+        if other != first {
+            return Err(QueryError::Invalid {
+                query: query.to_owned(),
+                message: format!(
+                    "sources {} and {} have different schemas ({} vs {}); the sources of a query are unioned and must produce the same columns",
+                    sources[0].name(),
+                    sources[i].name(),
+                    schema_text(first),
+                    schema_text(other),
+                ),
+            });
+        }
+    }
+    Ok(Arc::clone(first))
 }
 
 fn schema_text(schema: &SchemaRef) -> String {

@@ -13,6 +13,7 @@ use crate::operator::wasm_state::KeyedState;
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{BatchInfo, PluginUsage, WasmSink, WasmTransform};
 use crate::sink::{PluginSink, Sink, SinkError};
+use crate::sql::SqlTransform;
 
 /// A plugin's name, build (sha256) and usage so far, for progress.
 pub(super) type Usage = (String, String, PluginUsage);
@@ -21,8 +22,10 @@ pub(super) type Usage = (String, String, PluginUsage);
 pub(super) enum Transform {
     /// Added by a program embedding the host.
     Native(Box<dyn BatchTransform>),
-    /// A `[[transform]]` of the pipeline file.
+    /// A `[[transform]] plugin` of the pipeline file.
     Wasm(Box<WasmTransform>),
+    /// A `[[transform]] sql` of the pipeline file.
+    Sql(Box<SqlTransform>),
 }
 
 impl Transform {
@@ -30,6 +33,15 @@ impl Transform {
         match self {
             Self::Native(t) => t.name(),
             Self::Wasm(t) => t.name(),
+            Self::Sql(t) => t.name(),
+        }
+    }
+
+    pub(super) fn output_schema(&self) -> &SchemaRef {
+        match self {
+            Self::Native(t) => t.output_schema(),
+            Self::Wasm(t) => t.output_schema(),
+            Self::Sql(t) => t.output_schema(),
         }
     }
 
@@ -41,13 +53,14 @@ impl Transform {
         match self {
             Self::Native(t) => t.process(batch, info),
             Self::Wasm(t) => Ok(t.process(batch, info)?),
+            Self::Sql(t) => Ok(t.process(batch, info)?),
         }
     }
 
     /// The Wasm plugin, for replacing it by a new build.
     pub(super) fn wasm_mut(&mut self) -> Option<&mut WasmTransform> {
         match self {
-            Self::Native(_) => None,
+            Self::Native(_) | Self::Sql(_) => None,
             Self::Wasm(t) => Some(t),
         }
     }
@@ -61,7 +74,7 @@ impl Transform {
     /// The keyed state of a stateful Wasm transform, once attached.
     pub(super) fn keyed_state_mut(&mut self) -> Option<&mut KeyedState> {
         match self {
-            Self::Native(_) => None,
+            Self::Native(_) | Self::Sql(_) => None,
             Self::Wasm(t) => t.keyed_state_mut(),
         }
     }
@@ -69,7 +82,7 @@ impl Transform {
     /// For a Wasm transform: its build and usage, for progress.
     pub(super) fn plugin_usage(&self) -> Option<Usage> {
         match self {
-            Self::Native(_) => None,
+            Self::Native(_) | Self::Sql(_) => None,
             Self::Wasm(t) => Some(usage(t.name(), t.sha256(), t.usage())),
         }
     }

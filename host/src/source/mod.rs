@@ -104,6 +104,31 @@ pub struct SourceBatch {
     pub metrics: BTreeMap<&'static str, String>,
 }
 
+/// The schema of the batches `spec` will produce, when the pipeline file
+/// alone says it (files and Kafka; a Delta table's schema is the table's).
+/// `weir validate` plans SQL transforms against it.
+pub fn schema_before_open(spec: &SourceSpec) -> Option<SchemaRef> {
+    let decoded = |schema: &SchemaRef, policy| {
+        Decoder::new(
+            Arc::clone(schema),
+            DecoderOptions {
+                policy,
+                ..DecoderOptions::default()
+            },
+        )
+        .ok()
+        .map(|d| Arc::clone(d.output_schema()))
+    };
+    match &spec.kind {
+        SourceKind::Files(files) => decoded(&files.schema, files.on_malformed),
+        SourceKind::Kafka(kafka) => match &kafka.value_format {
+            spec::KafkaValueFormat::Raw => Some(kafka::rows::raw_schema()),
+            spec::KafkaValueFormat::Json(schema) => decoded(schema, kafka.on_malformed),
+        },
+        SourceKind::Delta(_) => None,
+    }
+}
+
 /// Opens the source `spec`, number `index` in the pipeline, resuming from
 /// what the checkpoint's log says earlier batches took (entries past
 /// `last_planned` were never planned and are dropped).

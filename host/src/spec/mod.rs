@@ -293,11 +293,43 @@ pub enum InputFormat {
     },
 }
 
-/// One `[[transform]]` table: a Wasm plugin applied to every batch.
+/// One `[[transform]]` table: a Wasm plugin or a SQL statement applied to every batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformSpec {
-    /// `name`; by default the plugin's file stem.
+    /// `name`; by default the plugin's file stem, or `sql_<index>` for SQL.
     pub name: String,
+    /// `input`: the one source it applies to, before the inputs meet; every
+    /// input (after they meet) when absent.
+    pub input: Option<String>,
+    /// What the transform runs.
+    pub kind: TransformKind,
+}
+
+impl TransformSpec {
+    /// The plugin's settings, for a Wasm transform.
+    pub fn wasm(&self) -> Option<&WasmTransformSpec> {
+        match &self.kind {
+            TransformKind::Wasm(w) => Some(w),
+            TransformKind::Sql { .. } => None,
+        }
+    }
+}
+
+/// What a `[[transform]]` runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransformKind {
+    /// `plugin = "..."`: a Wasm component.
+    Wasm(WasmTransformSpec),
+    /// `sql = "SELECT ... FROM input WHERE ..."`: evaluated natively (`crate::sql`).
+    Sql {
+        /// The statement, as written.
+        sql: String,
+    },
+}
+
+/// A Wasm plugin transform's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasmTransformSpec {
     /// `plugin`: the `.wasm` component (resolved; it exists).
     pub plugin: PathBuf,
     /// `config`, handed to the plugin as JSON (`{}` when absent).
@@ -431,7 +463,7 @@ pub struct PluginSinkSpec {
     pub limits: PluginLimits,
     /// `capabilities`: what the sandbox grants beyond nothing.
     pub capabilities: Capabilities,
-    /// `sha256`: as [`TransformSpec::sha256`].
+    /// `sha256`: as [`WasmTransformSpec::sha256`].
     pub sha256: Option<String>,
 }
 

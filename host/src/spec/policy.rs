@@ -214,10 +214,11 @@ pub fn confinement_problems(pipeline: &Pipeline, confinement: Confinement<'_>) -
         }
     }
     for (i, t) in pipeline.transforms.iter().enumerate() {
+        let Some(w) = t.wasm() else { continue };
         let at = format!("transform[{i}]");
-        c.path(&format!("{at}.plugin"), &t.plugin);
-        c.limits(&at, &t.limits);
-        c.capabilities(&at, &t.capabilities);
+        c.path(&format!("{at}.plugin"), &w.plugin);
+        c.limits(&at, &w.limits);
+        c.capabilities(&at, &w.capabilities);
     }
     match &pipeline.sink {
         SinkSpec::Files { path, .. } => c.path("sink.path", path),

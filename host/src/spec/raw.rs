@@ -188,7 +188,9 @@ pub(super) struct RawCsv {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTransform {
     pub name: Option<String>,
+    pub input: Option<String>,
     pub plugin: Option<String>,
+    pub sql: Option<String>,
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub sha256: Option<String>,

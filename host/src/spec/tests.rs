@@ -130,15 +130,18 @@ fn example_round_trips_to_the_expected_pipeline() {
         }],
         transforms: vec![TransformSpec {
             name: "keep_completed".into(),
-            plugin: base.join("plugins/filter_rows.wasm"),
-            config: serde_json::json!({ "column": "status", "equals": "completed" }),
-            limits: PluginLimits {
-                memory_bytes: 64 << 20,
-                timeout: Duration::from_secs(10),
-                fuel: Some(1_000_000_000),
-            },
-            sha256: None,
-            capabilities: Capabilities::default(),
+            input: None,
+            kind: TransformKind::Wasm(WasmTransformSpec {
+                plugin: base.join("plugins/filter_rows.wasm"),
+                config: serde_json::json!({ "column": "status", "equals": "completed" }),
+                limits: PluginLimits {
+                    memory_bytes: 64 << 20,
+                    timeout: Duration::from_secs(10),
+                    fuel: Some(1_000_000_000),
+                },
+                sha256: None,
+                capabilities: Capabilities::default(),
+            }),
         }],
         watermark: None,
         aggregate: None,
@@ -171,9 +174,12 @@ fn defaults_apply_when_keys_are_absent() {
     assert_eq!(files.max_files_per_trigger, None);
     assert_eq!(files.dead_letter_path, None);
     assert_eq!(p.transforms[0].name, "normalize_status");
-    assert_eq!(p.transforms[0].config, serde_json::json!({}));
     assert_eq!(
-        p.transforms[0].limits,
+        p.transforms[0].wasm().unwrap().config,
+        serde_json::json!({})
+    );
+    assert_eq!(
+        p.transforms[0].wasm().unwrap().limits,
         PluginLimits {
             memory_bytes: 256 << 20,
             timeout: Duration::from_secs(30),
@@ -781,8 +787,11 @@ fn overrides_change_keys_before_validation() {
         files_source(&p).max_files_per_trigger,
         NonZeroUsize::new(10)
     );
-    assert_eq!(p.transforms[0].config["equals"], "cancelled");
-    assert_eq!(p.transforms[0].limits.fuel, Some(5));
+    assert_eq!(
+        p.transforms[0].wasm().unwrap().config["equals"],
+        "cancelled"
+    );
+    assert_eq!(p.transforms[0].wasm().unwrap().limits.fuel, Some(5));
     assert_eq!(
         p.sink,
         SinkSpec::Files {
@@ -857,7 +866,7 @@ fn relative_paths_resolve_against_the_file_folder() {
     assert_eq!(files.path, Path::new("/abs/orders"));
     assert_eq!(files.dead_letter_path, Some(folder.join("../dead")));
     assert_eq!(
-        p.transforms[0].plugin,
+        p.transforms[0].wasm().unwrap().plugin,
         folder.join("plugins/filter_rows.wasm")
     );
     assert_eq!(
@@ -1348,7 +1357,10 @@ fn a_plugin_may_pin_its_sha256_and_a_malformed_hash_is_reported_with_its_key() {
         ),
     );
     let p = parse_in(dir.path(), &text, &[]).unwrap();
-    assert_eq!(p.transforms[0].sha256.as_deref(), Some(&*"ab".repeat(32)));
+    assert_eq!(
+        p.transforms[0].wasm().unwrap().sha256.as_deref(),
+        Some(&*"ab".repeat(32))
+    );
     let SinkSpec::Plugin(sink) = &p.sink else {
         panic!("expected a plugin sink, got {:?}", p.sink);
     };

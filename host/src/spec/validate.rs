@@ -30,7 +30,7 @@ use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
     DirGrant, FilesSourceSpec, HttpGrant, InputFormat, MalformedPolicy, OutputFormat, OutputMode,
     Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
-    TransformSpec, Trigger,
+    TransformKind, TransformSpec, Trigger, WasmTransformSpec,
 };
 
 /// The largest linear memory a 32-bit Wasm instance can have.
@@ -172,6 +172,9 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         .enumerate()
         .map(|(i, t)| transform(i, t, base, c))
         .collect();
+    if let Some(sources) = &sources {
+        transform_inputs(sources, &transforms, c);
+    }
     let watermark = raw.watermark.map(|w| watermark(w, c));
     let aggregate = raw.aggregate.map(|a| aggregate(a, c));
     let deduplicate = raw.deduplicate.map(|d| deduplicate(d, c));
@@ -212,6 +215,79 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         sink: sink?,
         base_dir: base.to_path_buf(),
     })
+}
+
+/// Each `input` names a source, and the transforms of one input come before
+/// those of the whole query (they run before the inputs meet). SQL is planned
+/// against the input's schema wherever the file says it, so unknown columns
+/// and bad types are found here rather than at start.
+fn transform_inputs(
+    sources: &[SourceSpec],
+    transforms: &[Option<TransformSpec>],
+    c: &mut Collector,
+) {
+    let mut inputs: Vec<Option<arrow_schema::SchemaRef>> = sources
+        .iter()
+        .map(crate::source::schema_before_open)
+        .collect();
+    // The schema after the inputs meet: known when every input's is, and they agree.
+    let mut met: Option<Option<arrow_schema::SchemaRef>> = None;
+    let mut first_of_all: Option<usize> = None;
+    for (i, t) in transforms.iter().enumerate() {
+        // An invalid transform is reported already; what follows it cannot be planned.
+        let Some(t) = t else { return };
+        let schema = match &t.input {
+            Some(name) => {
+                let Some(j) = sources.iter().position(|s| &s.name == name) else {
+                    let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+                    c.push(
+                        &format!("transform[{i}].input"),
+                        format!(
+                            "no [[source]] is named {name:?} (the sources are {})",
+                            names.join(", ")
+                        ),
+                    );
+                    return;
+                };
+                if let Some(g) = first_of_all {
+                    c.push(
+                        &format!("transform[{i}].input"),
+                        format!(
+                            "comes after transform[{g}], which applies once the inputs meet: \
+                             list the transforms of one input first"
+                        ),
+                    );
+                    return;
+                }
+                &mut inputs[j]
+            }
+            None => {
+                first_of_all.get_or_insert(i);
+                met.get_or_insert_with(|| {
+                    let first = inputs.first().cloned().flatten()?;
+                    inputs
+                        .iter()
+                        .all(|s| s.as_ref() == Some(&first))
+                        .then_some(first)
+                })
+            }
+        };
+        match &t.kind {
+            TransformKind::Sql { sql } => {
+                if let Some(input) = schema.as_ref() {
+                    match crate::sql::plan_sql(sql, input) {
+                        Ok(plan) => *schema = Some(Arc::clone(plan.output_schema())),
+                        Err(e) => {
+                            c.push(&format!("transform[{i}].sql"), e.to_string());
+                            *schema = None;
+                        }
+                    }
+                }
+            }
+            // A plugin's output schema is known once it is loaded.
+            TransformKind::Wasm(_) => *schema = None,
+        }
+    }
 }
 
 fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QuerySpec> {
@@ -819,6 +895,64 @@ fn transform(
 ) -> Option<TransformSpec> {
     let label = format!("transform[{index}]");
     let key = |k: &str| format!("{label}.{k}");
+    let input = match t.input {
+        Some(i) if i.trim().is_empty() => {
+            c.push(
+                &key("input"),
+                "must name a [[source]] (leave it out to apply to every input)",
+            );
+            None
+        }
+        other => Some(other),
+    };
+    if let Some(sql) = t.sql {
+        // The plugin's keys mean nothing to a SQL transform: say so rather than ignore them.
+        let plugin_keys = [
+            ("plugin", t.plugin.is_some()),
+            ("config", t.config.is_some()),
+            ("limits", t.limits.is_some()),
+            ("sha256", t.sha256.is_some()),
+            ("capabilities", t.capabilities.is_some()),
+        ];
+        for (k, present) in plugin_keys {
+            if present {
+                c.push(
+                    &key(k),
+                    "is a plugin's key: a [[transform]] runs either `sql` or a `plugin`, not both",
+                );
+            }
+        }
+        if let Err(e) = crate::sql::check_sql(&sql) {
+            c.push(&key("sql"), e.to_string());
+            return None;
+        }
+        let name = match t.name {
+            Some(n) if n.trim().is_empty() => {
+                c.push(
+                    &key("name"),
+                    "must not be empty (leave it out for sql_<index>)",
+                );
+                None
+            }
+            Some(n) => Some(n),
+            None => Some(format!("sql_{index}")),
+        };
+        if plugin_keys.iter().any(|(_, present)| *present) {
+            return None;
+        }
+        return Some(TransformSpec {
+            name: name?,
+            input: input?,
+            kind: TransformKind::Sql { sql },
+        });
+    }
+    if t.plugin.is_none() {
+        c.push(
+            &key("plugin"),
+            "required key is missing: a [[transform]] runs a `plugin` (a .wasm component) or `sql`",
+        );
+        return None;
+    }
     let name = plugin_name(c, &key("name"), t.name, t.plugin.as_deref());
     let plugin = plugin_path(c, &key("plugin"), t.plugin, base);
     let config = config(c, &key("config"), t.config);
@@ -837,11 +971,14 @@ fn transform(
     });
     Some(TransformSpec {
         name: name?,
-        plugin: plugin?,
-        config: config?,
-        limits: limits?,
-        sha256: sha256?,
-        capabilities: capabilities?,
+        input: input?,
+        kind: TransformKind::Wasm(WasmTransformSpec {
+            plugin: plugin?,
+            config: config?,
+            limits: limits?,
+            sha256: sha256?,
+            capabilities: capabilities?,
+        }),
     })
 }
 

@@ -1,0 +1,279 @@
+//! SQL transforms through `weir run`: the batch clock across a crash and its
+//! replay, a failing expression failing only its batch, transforms of one
+//! input before the inputs meet, and which edits of the SQL a restart takes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use weir_tests::{
+    SCHEMA, Workspace, commit_ids, files_sink, lines, offset_entry, run_killed_at, run_ok, weir,
+};
+
+const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
+
+fn cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
+}
+
+fn source(name: &str, path: &str) -> String {
+    format!(
+        "[[source]]\nname = \"{name}\"\nkind = \"files\"\npath = \"{path}\"\nformat = \"json\"\n\
+         schema = \"{SCHEMA}\"\nmax_files_per_trigger = 1\non_malformed = \"drop\"\n"
+    )
+}
+
+fn pipeline(tag: &str, query: &str, middle: &str, sink: &str) -> String {
+    format!(
+        "[query]\nname = \"{tag}\"\ncheckpoint = \"checkpoints/{tag}\"\ntrigger = \"available-now\"\n\
+         {query}\n\n{}\n{middle}\n\n{sink}",
+        source("orders", "data/orders")
+    )
+}
+
+fn sql(text: &str) -> String {
+    format!("[[transform]]\nname = \"enrich\"\nsql = \"\"\"{text}\"\"\"\n")
+}
+
+/// The file a JSON files sink under `out/<tag>` writes for batch `n`.
+fn batch_file(tag: &str, n: u64) -> String {
+    format!("out/{tag}/batch-{n:020}.json")
+}
+
+fn rows(path: &Path) -> Result<Vec<Value>> {
+    lines(path)?
+        .iter()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("{}: {l}", path.display())))
+        .collect()
+}
+
+/// An ISO-8601 timestamp as microseconds since the epoch (arrow's parser).
+fn micros(text: &str) -> Result<i64> {
+    use arrow_array::Array;
+    let parsed = arrow_cast::cast(
+        &arrow_array::StringArray::from(vec![text]),
+        &arrow_schema::DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, None),
+    )?;
+    let parsed = parsed
+        .as_any()
+        .downcast_ref::<arrow_array::TimestampMicrosecondArray>()
+        .context("timestamp")?;
+    anyhow::ensure!(parsed.is_valid(0), "{text} is not a timestamp");
+    Ok(parsed.value(0))
+}
+
+#[test]
+fn a_replayed_batch_computes_the_same_clock_and_bytes() -> Result<()> {
+    let ws = Workspace::new(3, 200)?;
+    let file = ws.pipeline(
+        "clock.toml",
+        &pipeline(
+            "clock",
+            "",
+            &sql(
+                "SELECT order_id, lower(trim(status)) AS status, amount * 2 AS doubled, \
+                 current_timestamp() AS ingested_at FROM input WHERE amount > 10",
+            ),
+            &files_sink("clock"),
+        ),
+    )?;
+    // Batch 1's rows are written, then the process dies before the commit.
+    run_killed_at(EXE, &cache(), &file, "before-commit@1")?;
+    let checkpoint = ws.path().join("checkpoints/clock");
+    assert_eq!(commit_ids(&checkpoint)?, [0]);
+    let written = ws.path().join(batch_file("clock", 1));
+    let first = std::fs::read(&written).context("batch 1's output before the crash")?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, [0, 1, 2]);
+    let replayed = std::fs::read(&written)?;
+    assert!(!first.is_empty());
+    assert_eq!(first, replayed, "the replay of batch 1 wrote other bytes");
+
+    // Every row of a batch carries that batch's timestamp, as its offsets entry records it.
+    for n in 0..3_u64 {
+        let stamp = offset_entry(&checkpoint, n)?["batchTimestampMs"]
+            .as_i64()
+            .context("batchTimestampMs")?;
+        let batch = rows(&ws.path().join(batch_file("clock", n)))?;
+        assert!(!batch.is_empty());
+        for row in &batch {
+            let text = row["ingested_at"].as_str().context("ingested_at")?;
+            assert_eq!(micros(text)?, stamp * 1000, "batch {n}: {row}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failing_expression_fails_its_batch_and_the_fixed_query_resumes() -> Result<()> {
+    let ws = Workspace::new(2, 50)?;
+    let bad = pipeline(
+        "casts",
+        "",
+        &sql("SELECT order_id, CAST(status AS BIGINT) AS n FROM input"),
+        &files_sink("casts"),
+    );
+    let file = ws.pipeline("casts.toml", &bad)?;
+    let out = weir(EXE, &cache(), &["run", file.to_str().context("path")?])?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transform enrich failed batch 0: ") && stderr.contains("Cast error"),
+        "{stderr}"
+    );
+    let checkpoint = ws.path().join("checkpoints/casts");
+    assert!(
+        commit_ids(&checkpoint)?.is_empty(),
+        "a failed batch was committed"
+    );
+
+    // The same query with the cast fixed reruns batch 0 and goes on.
+    std::fs::write(
+        &file,
+        bad.replace("CAST(status AS BIGINT)", "try_cast(status AS BIGINT)"),
+    )?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, [0, 1]);
+    let all: Vec<Value> = (0..2)
+        .map(|n| rows(&ws.path().join(batch_file("casts", n))))
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    assert_eq!(all.len() as u64, ws.orders.lines - ws.orders.malformed);
+    assert!(
+        all.iter().all(|r| r["n"].is_null()),
+        "no status is a number"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_transform_of_one_input_runs_before_the_inputs_meet() -> Result<()> {
+    let ws = Workspace::new(2, 100)?;
+    // A second input: the same orders under another folder.
+    let copy = ws.path().join("data/more");
+    std::fs::create_dir_all(&copy)?;
+    for entry in std::fs::read_dir(ws.path().join("data/orders"))? {
+        let path = entry?.path();
+        std::fs::copy(&path, copy.join(path.file_name().context("name")?))?;
+    }
+    let text = format!(
+        "[query]\nname = \"two\"\ncheckpoint = \"checkpoints/two\"\ntrigger = \"available-now\"\n\n\
+         {}\n{}\n\
+         [[transform]]\nname = \"mark_a\"\ninput = \"a\"\n\
+         sql = \"SELECT order_id, customer_id, concat('a:', lower(trim(status))) AS status, amount, occurred_at, session_id FROM input\"\n\n\
+         [[transform]]\nname = \"both\"\nsql = \"SELECT order_id, status FROM input WHERE status IS NOT NULL\"\n\n{}",
+        source("a", "data/orders"),
+        source("b", "data/more"),
+        files_sink("two"),
+    );
+    let file = ws.pipeline("two.toml", &text)?;
+    let checked = weir(EXE, &cache(), &["validate", file.to_str().context("path")?])?;
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    run_ok(EXE, &cache(), &file, &[])?;
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(ws.path().join("out/two"))? {
+        all.extend(rows(&entry?.path())?);
+    }
+    let valid = ws.orders.lines - ws.orders.malformed;
+    let from_a = all
+        .iter()
+        .filter(|r| r["status"].as_str().is_some_and(|s| s.starts_with("a:")))
+        .count() as u64;
+    assert_eq!(from_a, valid, "rows of input a, marked by its transform");
+    assert_eq!(all.len() as u64, 2 * valid);
+    assert!(
+        all.iter()
+            .all(|r| r.as_object().is_some_and(|o| o.len() == 2))
+    );
+
+    // A transform of one input after one of every input is refused, by validate and by run.
+    let misplaced = text.replace(
+        "[[transform]]\nname = \"mark_a\"\ninput = \"a\"\n",
+        "[[transform]]\nname = \"mark_a\"\n",
+    );
+    let misplaced = misplaced.replace(
+        "[[transform]]\nname = \"both\"\n",
+        "[[transform]]\nname = \"both\"\ninput = \"b\"\n",
+    );
+    let file = ws.pipeline("misplaced.toml", &misplaced)?;
+    for command in ["validate", "run"] {
+        let out = weir(EXE, &cache(), &[command, file.to_str().context("path")?])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains(
+                "transform[1].input: comes after transform[0], which applies once the inputs meet"
+            ),
+            "{command}: {stderr}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_restart_takes_an_edited_filter_but_not_a_changed_state_column() -> Result<()> {
+    let ws = Workspace::new(3, 100)?;
+    // Files 1 and 2 arrive later, one per run.
+    let data = ws.path().join("data/orders");
+    let later = ws.path().join("later");
+    std::fs::create_dir_all(&later)?;
+    let mut names: Vec<_> = std::fs::read_dir(&data)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()?;
+    names.sort();
+    for name in &names[1..] {
+        std::fs::rename(data.join(name), later.join(name))?;
+    }
+    let arrive = |i: usize| std::fs::rename(later.join(&names[i]), data.join(&names[i]));
+
+    let aggregate = "[aggregate]\ngroup_by = [\"status\"]\nselect = [\"count(*) AS orders\", \"sum(amount) AS revenue\"]";
+    let with = |select: &str| {
+        pipeline(
+            "edits",
+            "output_mode = \"update\"\nstate_store = \"memory\"",
+            &format!("{}\n{aggregate}", sql(select)),
+            &files_sink("edits"),
+        )
+    };
+    let file = ws.pipeline(
+        "edits.toml",
+        &with("SELECT lower(trim(status)) AS status, amount FROM input WHERE amount > 0"),
+    )?;
+    let path = file.to_str().context("path")?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    let checkpoint = ws.path().join("checkpoints/edits");
+    assert_eq!(commit_ids(&checkpoint)?, [0]);
+
+    // Another filter, the same columns and types: the query goes on from its checkpoint.
+    arrive(1)?;
+    std::fs::write(
+        &file,
+        with("SELECT lower(trim(status)) AS status, amount FROM input WHERE amount > 20"),
+    )?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, [0, 1]);
+
+    // The grouping column becomes a number: the state's key changes, and the restart is refused.
+    arrive(2)?;
+    std::fs::write(
+        &file,
+        with("SELECT length(status) AS status, amount FROM input WHERE amount > 20"),
+    )?;
+    let out = weir(EXE, &cache(), &["run", path])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the key schema of the stateful operator's state changed: column status was Utf8, is now Int32"),
+        "{stderr}"
+    );
+    assert_eq!(
+        commit_ids(&checkpoint)?,
+        [0, 1],
+        "a refused restart ran a batch"
+    );
+    Ok(())
+}
