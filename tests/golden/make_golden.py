@@ -88,6 +88,11 @@ SQL_TRANSFORM = (
     "amount - 0.1 * 3 AS exact, hour(occurred_at) AS hour, nullif(status, 'completed') AS open_status "
     "FROM input WHERE amount > 50 AND status <> 'cancelled'"
 )
+# Expressions inside and around aggregates: the same entries in Spark's SQL and Weir's [aggregate].
+EXPR_GROUP = "lower(status) AS status"
+EXPR_SELECT = ["sum(amount * 0.9) AS net", "count(*) FILTER (WHERE amount > 100) AS big",
+               "count_if(session_id IS NULL) AS anonymous", "round(sum(amount) / count(*), 2) AS mean"]
+EXPR_COLUMNS = ["status", "net", "big", "anonymous", "mean"]
 SQL_COLUMNS = ["order_id", "status", "doubled", "size", "session", "tag", "exact", "hour", "open_status"]
 ORDER_COLUMNS = ["order_id", "customer_id", "status", "amount", "occurred_at", "session_id"]
 
@@ -145,6 +150,13 @@ def cases(F):
         df.createOrReplaceTempView("input")
         return df.sparkSession.sql(SQL_TRANSFORM)
 
+    def expressions(df):
+        df.createOrReplaceTempView("input")
+        return df.sparkSession.sql(f"SELECT {EXPR_GROUP}, {', '.join(EXPR_SELECT)} FROM input "
+                                   "GROUP BY lower(status)")
+
+    expr_select = "[" + ", ".join(f'"{e}"' for e in EXPR_SELECT) + "]"
+
     wm_toml = f'[watermark]\ncolumn = "occurred_at"\ndelay = "{WATERMARK}"\n'
     return {
         "revenue_append": dict(
@@ -187,6 +199,12 @@ def cases(F):
             state_store="memory",
             about="withWatermark -> dropDuplicatesWithinWatermark([order_id]); append",
             weir=wm_toml + '\n[deduplicate]\nkeys = ["order_id"]\nwithin_watermark = true\n'),
+        "status_expressions": dict(
+            query=expressions, mode="complete", columns=EXPR_COLUMNS, keys=None, watermark=False,
+            state_store="memory",
+            about="spark.sql GROUP BY lower(status) with sum(amount * 0.9), count(*) FILTER (WHERE ...), "
+                  "count_if(...), round(sum(amount) / count(*), 2); complete",
+            weir=f'[aggregate]\ngroup_by = ["{EXPR_GROUP}"]\nselect = {expr_select}\n'),
         "sql_transform": dict(
             query=sql_transform, mode="append", columns=SQL_COLUMNS, keys=None, watermark=False,
             state_store="memory",

@@ -64,7 +64,7 @@ enum Mode {
 
 /// Every golden case and its mode; `golden_files_are_make_goldens` checks this against what
 /// `make_golden.py` recorded, so a case added there without a test here fails.
-const CASES: [(&str, Mode); 10] = [
+const CASES: [(&str, Mode); 11] = [
     ("revenue_append", Mode::Append),
     ("revenue_update", Mode::Update { keys: 3 }),
     ("revenue_complete", Mode::Complete),
@@ -74,6 +74,7 @@ const CASES: [(&str, Mode); 10] = [
     ("dedup_within_watermark", Mode::Append),
     ("sql_transform", Mode::Append),
     ("status_complete", Mode::Complete),
+    ("status_expressions", Mode::Complete),
     ("status_update", Mode::Update { keys: 1 }),
 ];
 
@@ -120,6 +121,11 @@ fn sql_transform() -> Result<()> {
 #[test]
 fn status_complete() -> Result<()> {
     golden_case("status_complete")
+}
+
+#[test]
+fn status_expressions() -> Result<()> {
+    golden_case("status_expressions")
 }
 
 #[test]

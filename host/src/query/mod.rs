@@ -252,6 +252,8 @@ pub struct Query {
     transforms: Vec<Transform>,
     /// The source each transform applies to (`input`), or `None` for every one.
     transform_inputs: Vec<Option<usize>>,
+    /// What surrounds the aggregates of `[aggregate] select`, when it has expressions.
+    after_aggregate: Option<SqlTransform>,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -450,6 +452,48 @@ impl Query {
             transform_inputs.push(None);
         }
 
+        // Expressions in [aggregate] run as projections around the operator (`sql::aggregate`).
+        let mut lowered_pipeline = None;
+        let mut after_aggregate = None;
+        if let Some(a) = &pipeline.aggregate
+            && crate::sql::needs_lowering(&a.group_by, &a.select)
+        {
+            let keep: Vec<&str> = a
+                .window
+                .iter()
+                .map(|w| w.column.as_str())
+                .chain(pipeline.watermark.iter().map(|w| w.column.as_str()))
+                .collect();
+            let plan_error = |error| {
+                QueryError::Transform(TransformError::Sql(crate::sql::SqlError::Plan {
+                    transform: "[aggregate]".into(),
+                    error,
+                }))
+            };
+            let lowered = crate::sql::lower_aggregate(
+                &a.group_by,
+                &a.select,
+                &schema,
+                &keep,
+                a.window.is_some(),
+            )
+            .map_err(plan_error)?;
+            let before = SqlTransform::new("[aggregate] arguments", &lowered.before, &schema)
+                .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
+            schema = Arc::clone(before.output_schema());
+            transforms.push(Transform::Sql(Box::new(before)));
+            transform_inputs.push(None);
+            let mut p = pipeline.clone();
+            p.aggregate = Some(spec::AggregateSpec {
+                group_by: lowered.group_by,
+                select: lowered.select,
+                ..a.clone()
+            });
+            lowered_pipeline = Some(p);
+            after_aggregate = Some(lowered.after);
+        }
+        let stateful_pipeline = lowered_pipeline.as_ref().unwrap_or(&pipeline);
+
         let watermark = match &pipeline.watermark {
             Some(w) => Some(Watermark::new(
                 &w.column,
@@ -460,7 +504,7 @@ impl Query {
         };
         // Planned, not opened: no state store is touched before the
         // fingerprint check, so a refused restart leaves the checkpoint as it was.
-        let mut planned = plan_stateful(&pipeline, checkpoint.state_dir("0"), &schema)?;
+        let mut planned = plan_stateful(stateful_pipeline, checkpoint.state_dir("0"), &schema)?;
         if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
             p.keep_recorded_layout(recorded, &schema)?;
         }
@@ -513,6 +557,15 @@ impl Query {
         if let Some(op) = &stateful {
             schema = Arc::clone(op.output_schema());
         }
+        let after_aggregate = match after_aggregate {
+            Some(sql) => {
+                let t = SqlTransform::new("[aggregate] select", &sql, &schema)
+                    .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
+                schema = Arc::clone(t.output_schema());
+                Some(t)
+            }
+            None => None,
+        };
 
         // Where the watermark stands (§3.1): the last planned batch's, and
         // the one its commit computed for the next batch.
@@ -636,6 +689,7 @@ impl Query {
             sources,
             transforms,
             transform_inputs,
+            after_aggregate,
             stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
@@ -1203,6 +1257,13 @@ impl Query {
                 watermark_ms: entry.batch_watermark_ms,
             };
             outputs = op.process(&ctx, &outputs)?;
+            if let Some(after) = &mut self.after_aggregate {
+                outputs = outputs
+                    .iter()
+                    .map(|b| after.process(b, info))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
+            }
         }
         let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
         add_batch += add_started.elapsed();

@@ -435,6 +435,34 @@ fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
     })
 }
 
+/// `[aggregate]` with expressions, as far as it can be checked without the
+/// input's schema: each entry parses, the lowering holds, its SQL is a valid
+/// transform and its aggregates are the operator's.
+fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut Collector) -> bool {
+    let empty = Arc::new(arrow_schema::Schema::empty());
+    let lowered = match crate::sql::lower_aggregate(group_by, select, &empty, &[], false) {
+        Ok(l) => l,
+        Err(e) => {
+            c.push("aggregate.select", e.to_string());
+            return false;
+        }
+    };
+    let mut ok = true;
+    for (part, sql) in [("group_by", &lowered.before), ("select", &lowered.after)] {
+        if let Err(e) = crate::sql::check_sql(sql) {
+            c.push(&format!("aggregate.{part}"), e.to_string());
+            ok = false;
+        }
+    }
+    for text in &lowered.select {
+        if let Err(e) = crate::operator::aggregate::parse_agg_expr(text) {
+            c.push("aggregate.select", e.to_string());
+            ok = false;
+        }
+    }
+    ok
+}
+
 fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
     let window = match a.window {
         None => Some(None),
@@ -480,10 +508,15 @@ fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
     let select = non_empty_names(c, "aggregate.select", a.select).and_then(|select| {
         // Parsed here as well as by the operator, so that `weir validate` reports a typo.
         let mut ok = true;
-        for (i, text) in select.iter().enumerate() {
-            if let Err(err) = crate::operator::aggregate::parse_agg_expr(text) {
-                ok = false;
-                c.push(&format!("aggregate.select[{i}]"), err.to_string());
+        if crate::sql::needs_lowering(&group_by, &select) {
+            // Expressions: lowered around the operator; each part checked as SQL.
+            ok = check_aggregate_expressions(&group_by, &select, c);
+        } else {
+            for (i, text) in select.iter().enumerate() {
+                if let Err(err) = crate::operator::aggregate::parse_agg_expr(text) {
+                    ok = false;
+                    c.push(&format!("aggregate.select[{i}]"), err.to_string());
+                }
             }
         }
         if select.len() > MAX_AGGREGATES {

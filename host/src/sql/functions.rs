@@ -57,6 +57,13 @@ impl Functions {
             ))));
         }
         add(Arc::new(ScalarUDF::new_from_impl(GetJsonObject::new())));
+        // Spark's round with Spark's result type for decimals (DataFusion's keeps the scale).
+        if let Some(inner) = datafusion_spark::all_default_scalar_functions()
+            .into_iter()
+            .find(|f| f.name() == "round")
+        {
+            add(Arc::new(ScalarUDF::new_from_impl(DecimalRound { inner })));
+        }
         add(Arc::new(ScalarUDF::new_from_impl(SparkRegex::new(
             RegexKind::Replace,
         ))));
@@ -271,6 +278,79 @@ impl ScalarUDFImpl for GetJsonObject {
         }
         let array: StringArray = out.finish();
         Ok(ColumnarValue::Array(Arc::new(array) as ArrayRef))
+    }
+}
+
+/// `round(decimal(p, s), d)` typed as Spark types it: `decimal(p - s + 1 + d', d')`
+/// with `d' = min(d, s)`, so `round(x, 2)` prints two decimals. The values are
+/// `datafusion-spark`'s (HALF_UP, as Spark).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct DecimalRound {
+    inner: Arc<ScalarUDF>,
+}
+
+impl ScalarUDFImpl for DecimalRound {
+    fn name(&self) -> &str {
+        "round"
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, args: &[DataType]) -> DfResult<DataType> {
+        self.inner.return_type(args)
+    }
+
+    fn return_field_from_args(
+        &self,
+        args: datafusion_expr::ReturnFieldArgs,
+    ) -> DfResult<arrow_schema::FieldRef> {
+        let scalars = args.scalar_arguments;
+        let inner = self.inner.return_field_from_args(args)?;
+        let digits = scalars.get(1).copied().flatten().and_then(|v| match v {
+            ScalarValue::Int8(Some(d)) => Some(i64::from(*d)),
+            ScalarValue::Int16(Some(d)) => Some(i64::from(*d)),
+            ScalarValue::Int32(Some(d)) => Some(i64::from(*d)),
+            ScalarValue::Int64(Some(d)) => Some(*d),
+            _ => None,
+        });
+        match (inner.data_type(), digits) {
+            (DataType::Decimal128(p, s), Some(d)) if d >= 0 => {
+                let scale = i8::try_from(d).unwrap_or(i8::MAX).min(*s);
+                let integral = i16::from(*p) - i16::from(*s) + 1;
+                let precision =
+                    u8::try_from((integral + i16::from(scale)).clamp(1, 38)).unwrap_or(38);
+                Ok(Arc::new(arrow_schema::Field::new(
+                    self.name(),
+                    DataType::Decimal128(precision, scale),
+                    inner.is_nullable(),
+                )))
+            }
+            _ => Ok(inner),
+        }
+    }
+
+    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let target = args.return_field.data_type().clone();
+        let rows = args.number_rows;
+        // The inner function is held to the type it promises itself.
+        let types: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        args.return_field = Arc::new(arrow_schema::Field::new(
+            self.name(),
+            self.inner.return_type(&types)?,
+            true,
+        ));
+        let out = self.inner.invoke_with_args(args)?;
+        if out.data_type() == target {
+            return Ok(out);
+        }
+        let array = out.to_array(rows)?;
+        Ok(ColumnarValue::Array(arrow_cast::cast(&array, &target)?))
     }
 }
 

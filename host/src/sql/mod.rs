@@ -10,10 +10,12 @@
 //! fill the rest, and the batch clock stands in for `now()` so that a replayed
 //! batch computes the same bytes as its first run.
 
+mod aggregate;
 mod functions;
 mod plan;
 mod transform;
 
+pub use aggregate::{Lowered, lower as lower_aggregate, needs_lowering};
 pub use plan::{INPUT_TABLE, PlanError, SqlPlan, plan_sql};
 pub use transform::SqlTransform;
 

@@ -333,10 +333,16 @@ pub fn plan(
         if fields.iter().any(|f: &Field| f.name() == field.name()) {
             return Err(PlanError::DuplicateColumn(field.name().clone()));
         }
-        let target = weir_type(field.name(), field.data_type())?;
-        let data_type = target.clone().unwrap_or_else(|| field.data_type().clone());
+        let expr = physical(e)?;
+        // The type the physical expression returns (it sees literal arguments, such as
+        // round's digits, that the logical plan's type did not).
+        let returns = expr
+            .data_type(scan_schema.as_arrow())
+            .map_err(|e| planner_error(e, input))?;
+        let target = weir_type(field.name(), &returns)?;
+        let data_type = target.clone().unwrap_or(returns);
         fields.push(Field::new(field.name(), data_type, field.is_nullable()));
-        columns.push((physical(e)?, target));
+        columns.push((expr, target));
     }
     if let Some(p) = &predicate {
         let t = p
@@ -423,7 +429,7 @@ fn resolve_names(statement: &mut Statement, input: &SchemaRef) -> Result<(), Pla
 
 /// Spark's name for an unaliased expression: its text, binary operations in
 /// parentheses (`(amount * 2)`), string literals without quotes.
-fn spark_name(e: &SqlExpr) -> String {
+pub(crate) fn spark_name(e: &SqlExpr) -> String {
     match e {
         SqlExpr::BinaryOp { .. } => format!("({e})"),
         SqlExpr::Value(v) => match &v.value {
