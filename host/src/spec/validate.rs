@@ -440,7 +440,24 @@ fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
 /// transform and its aggregates are the operator's.
 fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut Collector) -> bool {
     let empty = Arc::new(arrow_schema::Schema::empty());
-    let lowered = match crate::sql::lower_aggregate(group_by, select, &empty, &[], false) {
+    let lower = |select: &[String]| crate::sql::lower_aggregate(group_by, select, &empty, &[], false);
+    // The grouping entries alone, then each select entry, so that a problem is reported at its
+    // own key.
+    if let Err(e) = lower(&[]) {
+        c.push("aggregate.group_by", e.to_string());
+        return false;
+    }
+    let mut ok = true;
+    for (i, text) in select.iter().enumerate() {
+        if let Err(e) = lower(std::slice::from_ref(text)) {
+            c.push(&format!("aggregate.select[{i}]"), e.to_string());
+            ok = false;
+        }
+    }
+    if !ok {
+        return false;
+    }
+    let lowered = match lower(select) {
         Ok(l) => l,
         Err(e) => {
             c.push("aggregate.select", e.to_string());

@@ -144,6 +144,12 @@ pub fn lower(
             return Err(p);
         }
         if aggregates.len() == first {
+            // `median(amount)`: a function the operator does not keep state for; its own words.
+            if matches!(expr, SqlExpr::Function(_))
+                && let Err(e) = parse_agg_expr(text)
+            {
+                return Err(PlanError::Planner(e.to_string()));
+            }
             return Err(PlanError::Refused {
                 what: format!("select[{i}] {text:?} without an aggregate"),
                 pointer: "a grouping column goes in group_by; every select entry aggregates",
