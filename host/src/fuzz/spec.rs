@@ -365,6 +365,8 @@ const KEYS: &[&str] = &[
     "target_file_size",
     "commit_every",
     "when_matched_update",
+    "when_matched_delete",
+    "when_not_matched_insert",
     "dedup",
     "csv.header",
     "limits.memory",
@@ -616,7 +618,8 @@ fn fuzz_spec_value_parsers() {
                 "{text:?} parsed as an empty schema"
             );
         }
-        let _condition = parse_condition(&text);
+        let _condition = parse_condition(&text, spec::Sides::Both);
+        let _insert = parse_condition(&text, spec::Sides::SourceOnly);
         let _dedup = parse_dedup(&text);
         Ok(())
     });

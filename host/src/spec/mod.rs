@@ -57,7 +57,7 @@ pub use crate::state::StoreKind;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use merge::{
-    CompareOp, MergeCondition, MergeDedup, MergeTableSpec, parse_condition, parse_dedup,
+    MergeDedup, MergeTableSpec, RowCondition, Sides, parse_condition, parse_dedup,
 };
 pub use policy::{Confinement, Policy, confinement_problems, load_policy, parse_policy};
 pub use sink_modes::sink_problems;

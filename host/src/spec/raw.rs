@@ -284,6 +284,8 @@ pub(super) struct RawMergeTable {
     pub path: Option<String>,
     pub keys: Option<Vec<String>>,
     pub when_matched_update: Option<String>,
+    pub when_matched_delete: Option<String>,
+    pub when_not_matched_insert: Option<String>,
     pub dedup: Option<String>,
     pub target_file_size: Option<Value>,
 }

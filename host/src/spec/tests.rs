@@ -1206,11 +1206,11 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
         SinkSpec::DeltaMerge(MergeTableSpec {
             path: dir.path().join("t"),
             keys: vec!["order_id".into()],
-            when_matched_update: Some(MergeCondition {
-                source: "occurred_at".into(),
-                op: CompareOp::Gt,
-                target: "occurred_at".into(),
-            }),
+            when_matched_delete: None,
+            when_matched_update: Some(
+                parse_condition("s.occurred_at > t.occurred_at", Sides::Both).unwrap()
+            ),
+            when_not_matched_insert: None,
             dedup: MergeDedup::LatestBy("occurred_at".into()),
             target_file_size: DEFAULT_DELTA_TARGET_FILE_SIZE,
         })
@@ -1218,17 +1218,17 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
     let found = problems(
         dir.path(),
         &with_sink(
-            "[sink]\nkind = \"delta-merge\"\nkeys = [\"id\", \"id\"]\nwhen_matched_update = \"s.at > s.at\"\ndedup = \"first\"\ncommit_every = 2\n",
+            "[sink]\nkind = \"delta-merge\"\nkeys = [\"id\", \"id\"]\nwhen_matched_update = \"s.at > x.at\"\ndedup = \"first\"\ncommit_every = 2\n",
         ),
         &[],
     );
     assert_eq!(
         found,
         vec![
-            ("sink.commit_every".into(), "unknown key of a delta-merge sink (known keys: kind, path, keys, when_matched_update, dedup, target_file_size); it is a key of delta sinks".into()),
+            ("sink.commit_every".into(), "unknown key of a delta-merge sink (known keys: kind, path, keys, when_matched_update, when_matched_delete, when_not_matched_insert, dedup, target_file_size); it is a key of delta sinks".into()),
             ("sink.path".into(), "required key is missing".into()),
             ("sink.keys[1]".into(), "column \"id\" is listed twice".into()),
-            ("sink.when_matched_update".into(), "\"s.at > s.at\": compares two columns of the same side; compare a source column (s.) with a target column (t.)".into()),
+            ("sink.when_matched_update".into(), "\"s.at > x.at\": x.at: x is neither s (the batch's row) nor t (the table's row of the same key)".into()),
             ("sink.dedup".into(), "\"first\" is not a dedup policy: use \"none\" or \"latest-by:<column>\"".into()),
         ] as Vec<(String, String)>
     );
@@ -1254,7 +1254,7 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
     let found = problems(
         dir.path(),
         &with_sink(&format!(
-            "{plugin}[sink.capabilities.delta_merge.orders]\nkeys = []\nwhen_matched_update = \"t.a\"\n"
+            "{plugin}[sink.capabilities.delta_merge.orders]\nkeys = []\nwhen_matched_update = \"a > t.a\"\nwhen_not_matched_insert = \"t.a > 0\"\n"
         )),
         &[],
     );
@@ -1263,7 +1263,8 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
         vec![
             ("sink.capabilities.delta_merge.orders.path".into(), "required key is missing".into()),
             ("sink.capabilities.delta_merge.orders.keys".into(), "must name at least one column".into()),
-            ("sink.capabilities.delta_merge.orders.when_matched_update".into(), "\"t.a\": no comparison operator; expected a comparison of a source and a target column such as \"s.occurred_at > t.occurred_at\" (operators: > >= < <= = !=)".into()),
+            ("sink.capabilities.delta_merge.orders.when_matched_update".into(), "\"a > t.a\": the column a is not qualified: write s.a for the batch's row or t.a for the table's".into()),
+            ("sink.capabilities.delta_merge.orders.when_not_matched_insert".into(), "\"t.a > 0\": t.a (an inserted row has no table row; use s. columns) is not supported in a MERGE condition: it compares one row of the batch (s.) with the table's row of the same key (t.)".into()),
         ] as Vec<(String, String)>
     );
 }

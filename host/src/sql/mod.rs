@@ -11,11 +11,13 @@
 //! batch computes the same bytes as its first run.
 
 mod aggregate;
+mod condition;
 mod functions;
 mod plan;
 mod transform;
 
 pub use aggregate::{Lowered, lower as lower_aggregate, needs_lowering};
+pub use condition::{ConditionPlan, RowCondition, Sides};
 pub use plan::{INPUT_TABLE, PlanError, SqlPlan, plan_sql};
 pub use transform::SqlTransform;
 

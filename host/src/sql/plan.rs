@@ -74,6 +74,18 @@ pub enum PlanError {
     },
     #[error("two output columns are named {0:?}: give one of them another name with AS")]
     DuplicateColumn(String),
+    #[error("the column {column} is not qualified: write s.{column} for the batch's row or t.{column} for the table's")]
+    Unqualified { column: String },
+    #[error("{column}: {side} is neither s (the batch's row) nor t (the table's row of the same key)")]
+    UnknownSide { column: String, side: String },
+    #[error("{what} is not supported in a MERGE condition: it compares one row of the batch (s.) with the table's row of the same key (t.)")]
+    NotInCondition { what: String },
+    #[error("no column {column:?}{}; the columns are {}", nearest_text(.nearest), .columns.join(", "))]
+    UnknownRowColumn {
+        column: String,
+        nearest: Option<String>,
+        columns: Vec<String>,
+    },
     #[error("{0}")]
     Planner(String),
 }

@@ -1,16 +1,17 @@
 //! MERGE into a Delta table (upsert by key), the `delta-merge` sink and the `delta-merge` host
 //! capability of Wasm foreachBatch sinks: Spark's
-//! `foreachBatch { t.merge(s, "t.k = s.k").whenMatchedUpdateAll(cond).whenNotMatchedInsertAll() }`.
+//! `foreachBatch { t.merge(s, "t.k = s.k").whenMatchedDelete(c1).whenMatchedUpdateAll(c2)
+//! .whenNotMatchedInsertAll(c3) }`, each condition optional and written in SQL.
 //!
 //! deltalake's own `MergeBuilder` needs DataFusion, which would triple the build; this module
 //! does what Delta's MERGE does without it, copy-on-write at file granularity:
 //!
 //! 1. read the table's current snapshot (its files) and the txn version of our app id: a batch
 //!    already in the table (a replay after a crash) is skipped;
-//! 2. read the key columns (and the condition's target column) of every file, find the matched
-//!    rows and where the condition holds (`plan`, columnar);
-//! 3. rewrite each file with updates: its rows in order, matched ones replaced; write the
-//!    unmatched source rows as new files;
+//! 2. read the key columns (and the columns the conditions read) of every file, find the matched
+//!    rows and which clause applies to each (`plan`, columnar);
+//! 3. rewrite each file with updates or deletes: its rows in order, matched ones replaced or
+//!    left out; write the unmatched source rows (those the insert condition admits) as new files;
 //! 4. commit once: `remove` for the rewritten files, `add` for the new ones, and a `txn` action
 //!    (app id, version = batch id), so the batch is applied exactly once.
 //!
@@ -157,6 +158,8 @@ pub struct DeltaMerge {
     options: DeltaMergeOptions,
     runtime: tokio::runtime::Runtime,
     table: Option<DeltaTable>,
+    /// The conditions planned for the last batch schema (planned again only when it changes).
+    conditions: Option<(SchemaRef, Arc<plan::Conditions>)>,
     description: String,
 }
 
@@ -187,6 +190,7 @@ impl DeltaMerge {
             options,
             runtime,
             table: None,
+            conditions: None,
             description,
         })
     }
@@ -327,9 +331,23 @@ impl DeltaMerge {
             rewritten: Vec::new(),
         };
         let spec = &self.options.table;
+        let conditions = match &self.conditions {
+            Some((planned_for, c)) if planned_for == &schema => Arc::clone(c),
+            _ => {
+                let c = Arc::new(plan::Conditions::plan(spec, &schema).map_err(|source| {
+                    DeltaMergeError::Plan {
+                        table: path.clone(),
+                        batch_id,
+                        source,
+                    }
+                })?);
+                self.conditions = Some((Arc::clone(&schema), Arc::clone(&c)));
+                c
+            }
+        };
         let counts = plan::Plan {
             keys: &spec.keys,
-            condition: spec.when_matched_update.as_ref(),
+            conditions: &conditions,
             dedup: &spec.dedup,
         }
         .run(&source, &mut target)
@@ -420,13 +438,21 @@ impl DeltaMerge {
         let operation = DeltaOperation::Merge {
             predicate: None,
             merge_predicate: Some(on),
-            matched_predicates: vec![MergePredicate {
-                action_type: "update".into(),
-                predicate: spec.when_matched_update.as_ref().map(ToString::to_string),
-            }],
+            matched_predicates: spec
+                .when_matched_delete
+                .iter()
+                .map(|c| MergePredicate {
+                    action_type: "delete".into(),
+                    predicate: Some(c.to_string()),
+                })
+                .chain(std::iter::once(MergePredicate {
+                    action_type: "update".into(),
+                    predicate: spec.when_matched_update.as_ref().map(ToString::to_string),
+                }))
+                .collect(),
             not_matched_predicates: vec![MergePredicate {
                 action_type: "insert".into(),
-                predicate: None,
+                predicate: spec.when_not_matched_insert.as_ref().map(ToString::to_string),
             }],
             not_matched_by_source_predicates: Vec::new(),
         };
@@ -461,7 +487,7 @@ impl DeltaMerge {
             })?;
         let version = finalized.version();
         table.state = Some(finalized.snapshot());
-        tracing::debug!(table = %path.display(), batch_id, version, updated = prepared.counts.updated, inserted = prepared.counts.inserted, files_pruned = prepared.counts.files_pruned, "delta merge");
+        tracing::debug!(table = %path.display(), batch_id, version, updated = prepared.counts.updated, deleted = prepared.counts.deleted, inserted = prepared.counts.inserted, files_pruned = prepared.counts.files_pruned, "delta merge");
         Ok(MergeOutcome::Merged {
             version,
             counts: prepared.counts,
@@ -564,6 +590,10 @@ impl plan::Target for TableFiles<'_> {
 
     fn rewrite(&mut self, file: usize, rows: RecordBatch) -> Result<(), DeltaMergeError> {
         self.rewritten.push(file);
+        // A file whose every row was deleted is only removed.
+        if rows.num_rows() == 0 {
+            return Ok(());
+        }
         self.write(rows)
     }
 
@@ -623,14 +653,16 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
-    use crate::spec::{MergeDedup, parse_condition};
+    use crate::spec::{MergeDedup, Sides, parse_condition};
 
     fn options(dir: &std::path::Path, app_id: &str) -> DeltaMergeOptions {
         DeltaMergeOptions {
             table: MergeTableSpec {
                 path: dir.join("t"),
                 keys: vec!["id".into()],
-                when_matched_update: Some(parse_condition("s.v > t.v").unwrap()),
+                when_matched_delete: None,
+                when_matched_update: Some(parse_condition("s.v > t.v", Sides::Both).unwrap()),
+                when_not_matched_insert: None,
                 dedup: MergeDedup::Refuse,
                 target_file_size: 128 << 20,
             },

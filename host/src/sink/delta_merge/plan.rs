@@ -5,8 +5,9 @@
 //! hashable whatever the key columns' types) into a map key → source row. A target file whose
 //! recorded range of an integer key column misses the batch's is skipped unread; each other file's key
 //! columns are encoded the same way and looked up, giving aligned lists of (target row, source
-//! row) matches; the condition is one comparison kernel over the two `take`n columns; a file with
-//! updates is rebuilt by one `interleave` of its rows and the batch's. No step allocates per row.
+//! row) matches; the clauses' SQL conditions (planned once per batch schema) are evaluated once
+//! per file over the matched pairs' `take`n columns; a file with updates or deletes is rebuilt by
+//! one `interleave` of its rows and the batch's. No step allocates per row.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -19,7 +20,8 @@ use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{ArrowError, SortOptions};
 
-use crate::spec::{CompareOp, MergeCondition, MergeDedup};
+use crate::spec::{MergeDedup, MergeTableSpec};
+use crate::sql::ConditionPlan;
 
 /// What the plan needs from a table: its files' columns, and where rewritten and new rows go.
 pub(super) trait Target {
@@ -46,7 +48,10 @@ pub struct MergeCounts {
     pub updated: u64,
     /// Source rows inserted (no target row had their key).
     pub inserted: u64,
-    /// Source rows whose key matched but whose condition did not hold: left out.
+    /// Target rows deleted by `when_matched_delete`.
+    pub deleted: u64,
+    /// Source rows that changed nothing: matched with no clause's condition holding, or new
+    /// with `when_not_matched_insert` not holding.
     pub skipped: u64,
     /// Source rows dropped by `dedup = "latest-by:..."`.
     pub deduplicated: u64,
@@ -72,6 +77,17 @@ pub enum PlanError {
         first: usize,
         second: usize,
     },
+    #[error("the {clause} condition {condition:?} failed: {message}")]
+    Condition {
+        clause: &'static str,
+        condition: String,
+        message: String,
+    },
+    #[error("the {clause} condition: {source}")]
+    ConditionPlan {
+        clause: &'static str,
+        source: crate::sql::PlanError,
+    },
     #[error("cannot {op}: {source}")]
     Arrow {
         op: &'static str,
@@ -96,12 +112,80 @@ fn arrow(op: &'static str) -> impl Fn(ArrowError) -> PlanError {
     move |source| PlanError::Arrow { op, source }
 }
 
+/// A table's conditions planned for one batch schema, with the clause each belongs to.
+#[derive(Debug, Default)]
+pub(super) struct Conditions {
+    pub delete: Option<(ConditionPlan, String)>,
+    pub update: Option<(ConditionPlan, String)>,
+    pub insert: Option<(ConditionPlan, String)>,
+}
+
+impl Conditions {
+    /// Plans the table's conditions for batches of `schema` (once per schema, not per batch).
+    ///
+    /// # Errors
+    /// [`PlanError::ConditionPlan`] naming the clause.
+    pub fn plan(spec: &MergeTableSpec, schema: &arrow_schema::SchemaRef) -> Result<Self, PlanError> {
+        let one = |clause: &'static str, c: &Option<crate::spec::RowCondition>| {
+            c.as_ref()
+                .map(|c| {
+                    c.plan(schema)
+                        .map(|p| (p, c.to_string()))
+                        .map_err(|source| PlanError::ConditionPlan { clause, source })
+                })
+                .transpose()
+        };
+        Ok(Self {
+            delete: one("when_matched_delete", &spec.when_matched_delete)?,
+            update: one("when_matched_update", &spec.when_matched_update)?,
+            insert: one("when_not_matched_insert", &spec.when_not_matched_insert)?,
+        })
+    }
+}
+
 /// The settings of one merge, with column names checked against the batch.
 #[derive(Debug)]
 pub(super) struct Plan<'a> {
     pub keys: &'a [String],
-    pub condition: Option<&'a MergeCondition>,
+    pub conditions: &'a Conditions,
     pub dedup: &'a MergeDedup,
+}
+
+/// Evaluates `condition` over the pairs (`source` rows `s_idx`, `existing` rows `t_idx`).
+fn holds(
+    clause: &'static str,
+    (condition, text): &(ConditionPlan, String),
+    source: &RecordBatch,
+    s_idx: &UInt32Array,
+    existing: Option<(&RecordBatch, &UInt32Array)>,
+) -> Result<BooleanArray, PlanError> {
+    let mut s_cols = Vec::with_capacity(condition.source_columns().len());
+    for c in condition.source_columns() {
+        let column = source.column(column_index(source, c, "condition", "batch")?);
+        s_cols.push(
+            arrow_select::take::take(column, s_idx, None)
+                .map_err(arrow("take the batch's condition columns"))?,
+        );
+    }
+    let mut t_cols = Vec::with_capacity(condition.target_columns().len());
+    if let Some((existing, t_idx)) = existing {
+        for c in condition.target_columns() {
+            let column = existing.column(column_index(existing, c, "condition", "table")?);
+            let like = source.column(column_index(source, c, "condition", "batch")?);
+            t_cols.push(cast_to(
+                &arrow_select::take::take(column, t_idx, None)
+                    .map_err(arrow("take the table's condition columns"))?,
+                like,
+            )?);
+        }
+    }
+    condition
+        .evaluate(s_idx.len(), s_cols, t_cols)
+        .map_err(|message| PlanError::Condition {
+            clause,
+            condition: text.clone(),
+            message,
+        })
 }
 
 fn column_index(
@@ -162,18 +246,16 @@ impl Plan<'_> {
             .iter()
             .map(|&i| int_range(source.column(i)))
             .collect::<Result<_, _>>()?;
-        let condition_source = match self.condition {
-            Some(c) => Some(Arc::clone(source.column(column_index(
-                &source,
-                &c.source,
-                "condition",
-                "batch",
-            )?))),
-            None => None,
-        };
         let mut wanted: Vec<&str> = self.keys.iter().map(String::as_str).collect();
-        if let Some(c) = self.condition {
-            wanted.push(&c.target);
+        for (c, _) in [&self.conditions.delete, &self.conditions.update]
+            .into_iter()
+            .flatten()
+        {
+            for column in c.target_columns() {
+                if !wanted.contains(&column.as_str()) {
+                    wanted.push(column);
+                }
+            }
         }
         let mut matched = vec![false; source.num_rows()];
         let mut target_rows: Vec<u32> = Vec::new();
@@ -210,41 +292,57 @@ impl Plan<'_> {
             if target_rows.is_empty() {
                 continue;
             }
-            let mut t_idx = UInt32Array::from(std::mem::take(&mut target_rows));
-            let mut s_idx = UInt32Array::from(std::mem::take(&mut source_rows));
-            if let (Some(c), Some(s_col)) = (self.condition, &condition_source) {
-                let t_col =
-                    existing.column(column_index(&existing, &c.target, "condition", "table")?);
-                let t_vals = cast_to(
-                    &arrow_select::take::take(t_col, &t_idx, None)
-                        .map_err(arrow("take the table's condition column"))?,
-                    s_col,
-                )?;
-                let s_vals = arrow_select::take::take(s_col, &s_idx, None)
-                    .map_err(arrow("take the batch's condition column"))?;
-                let holds = compare(c.op, &s_vals, &t_vals)?;
-                let before = t_idx.len();
-                t_idx = filter_u32(&t_idx, &holds)?;
-                s_idx = filter_u32(&s_idx, &holds)?;
-                counts.skipped += (before - t_idx.len()) as u64;
+            let t_idx = UInt32Array::from(std::mem::take(&mut target_rows));
+            let s_idx = UInt32Array::from(std::mem::take(&mut source_rows));
+            let pairs = Some((&existing, &t_idx));
+            // Delta checks its whenMatched clauses in order: delete, then update.
+            let delete = match &self.conditions.delete {
+                Some(c) => holds("when_matched_delete", c, &source, &s_idx, pairs)?,
+                None => BooleanArray::from(vec![false; t_idx.len()]),
+            };
+            let update = match &self.conditions.update {
+                Some(c) => holds("when_matched_update", c, &source, &s_idx, pairs)?,
+                None => BooleanArray::from(vec![true; t_idx.len()]),
+            };
+            let mut picks: Option<Vec<Option<(usize, usize)>>> = None;
+            for (i, (t, s)) in t_idx.values().iter().zip(s_idx.values()).enumerate() {
+                let action = if delete.value(i) {
+                    counts.deleted += 1;
+                    None
+                } else if update.value(i) {
+                    counts.updated += 1;
+                    Some((1, *s as usize))
+                } else {
+                    counts.skipped += 1;
+                    continue;
+                };
+                let picks = picks.get_or_insert_with(|| {
+                    (0..existing.num_rows()).map(|r| Some((0, r))).collect()
+                });
+                picks[*t as usize] = action;
             }
-            if t_idx.is_empty() {
+            let Some(picks) = picks else {
                 continue;
-            }
+            };
             let full = target.read(file, None).map_err(RunError::Target)?;
-            let mut picks: Vec<(usize, usize)> = (0..full.num_rows()).map(|r| (0, r)).collect();
-            for (t, s) in t_idx.values().iter().zip(s_idx.values()) {
-                picks[*t as usize] = (1, *s as usize);
-            }
+            let picks: Vec<(usize, usize)> = picks.into_iter().flatten().collect();
             let rows = arrow_select::interleave::interleave_record_batch(&[&full, &source], &picks)
                 .map_err(arrow("rebuild a file with its updated rows"))?;
-            counts.updated += t_idx.len() as u64;
             target.rewrite(file, rows).map_err(RunError::Target)?;
         }
         let unmatched = BooleanArray::from_iter(matched.iter().map(|m| Some(!m)));
-        let inserts = arrow_select::filter::filter_record_batch(&source, &unmatched)
+        let mut inserts = arrow_select::filter::filter_record_batch(&source, &unmatched)
             .map_err(arrow("select the rows to insert"))?;
-        // Matched rows whose condition failed everywhere are neither updated nor inserted.
+        if let Some(c) = &self.conditions.insert
+            && inserts.num_rows() > 0
+        {
+            let all = UInt32Array::from_iter_values(0..u32::try_from(inserts.num_rows()).unwrap_or(u32::MAX));
+            let keep = holds("when_not_matched_insert", c, &inserts, &all, None)?;
+            let before = inserts.num_rows();
+            inserts = arrow_select::filter::filter_record_batch(&inserts, &keep)
+                .map_err(arrow("select the rows to insert"))?;
+            counts.skipped += (before - inserts.num_rows()) as u64;
+        }
         counts.inserted = inserts.num_rows() as u64;
         if inserts.num_rows() > 0 {
             target.insert(inserts).map_err(RunError::Target)?;
@@ -347,29 +445,6 @@ fn cast_to(column: &ArrayRef, like: &ArrayRef) -> Result<ArrayRef, PlanError> {
     }
 }
 
-/// `source <op> target`, null when either is null (treated as "does not hold").
-fn compare(
-    op: CompareOp,
-    source: &dyn Datum,
-    target: &dyn Datum,
-) -> Result<BooleanArray, PlanError> {
-    use arrow_ord::cmp;
-    let result = match op {
-        CompareOp::Gt => cmp::gt(source, target),
-        CompareOp::Ge => cmp::gt_eq(source, target),
-        CompareOp::Lt => cmp::lt(source, target),
-        CompareOp::Le => cmp::lt_eq(source, target),
-        CompareOp::Eq => cmp::eq(source, target),
-        CompareOp::Ne => cmp::neq(source, target),
-    };
-    result.map_err(arrow("evaluate the when_matched_update condition"))
-}
-
-fn filter_u32(values: &UInt32Array, keep: &BooleanArray) -> Result<UInt32Array, PlanError> {
-    let out = arrow_select::filter::filter(values, keep).map_err(arrow("filter the matches"))?;
-    Ok(UInt32Array::from(out.to_data()))
-}
-
 /// `order_id=7, region="eu"`: the key of row `row`, for the duplicate-key error.
 fn key_text(names: &[String], columns: &[ArrayRef], row: usize) -> String {
     let options = FormatOptions::default().with_null("null");
@@ -396,7 +471,23 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
-    use crate::spec::parse_condition;
+    use crate::spec::{RowCondition, Sides};
+
+    /// The conditions of the clauses given, planned for [`batch`]'s schema.
+    fn conditions(update: Option<&str>, delete: Option<&str>, insert: Option<&str>) -> Conditions {
+        let schema = batch(&[]).schema();
+        let plan = |text: Option<&str>, sides| {
+            text.map(|t| {
+                let c = RowCondition::parse(t, sides).unwrap();
+                (c.plan(&schema).unwrap(), t.to_owned())
+            })
+        };
+        Conditions {
+            delete: plan(delete, Sides::Both),
+            update: plan(update, Sides::Both),
+            insert: plan(insert, Sides::SourceOnly),
+        }
+    }
 
     /// A table in memory: a list of files.
     #[derive(Default)]
@@ -495,7 +586,7 @@ mod tests {
         let keys = vec!["id".to_owned()];
         let plan = Plan {
             keys: &keys,
-            condition: None,
+            conditions: &Conditions::default(),
             dedup: &MergeDedup::Refuse,
         };
         let table = vec![
@@ -551,10 +642,10 @@ mod tests {
     #[test]
     fn newer_rows_update_older_ones_and_untouched_files_stay() {
         let keys = vec!["id".to_owned()];
-        let condition = parse_condition("s.at > t.at").unwrap();
+        let conditions = conditions(Some("s.at > t.at"), None, None);
         let plan = Plan {
             keys: &keys,
-            condition: Some(&condition),
+            conditions: &conditions,
             dedup: &MergeDedup::Refuse,
         };
         let mut files = Files {
@@ -576,6 +667,7 @@ mod tests {
             MergeCounts {
                 updated: 1,
                 inserted: 1,
+                deleted: 0,
                 skipped: 1,
                 deduplicated: 0,
                 files_pruned: 0
@@ -594,11 +686,95 @@ mod tests {
     }
 
     #[test]
+    fn deletes_come_before_updates_and_inserts_have_their_own_condition() {
+        let keys = vec!["id".to_owned()];
+        let conditions = conditions(
+            Some("s.at > t.at AND t.status <> 'final'"),
+            Some("s.status = 'cancelled'"),
+            Some("s.status <> 'cancelled' AND s.at % 2 = 0"),
+        );
+        let plan = Plan {
+            keys: &keys,
+            conditions: &conditions,
+            dedup: &MergeDedup::Refuse,
+        };
+        let mut files = Files {
+            files: vec![
+                batch(&[(1, "new", 10), (2, "final", 10), (3, "new", 10)]),
+                batch(&[(4, "new", 10)]),
+            ],
+            ..Files::default()
+        };
+        let counts = plan
+            .run(
+                &batch(&[
+                    (1, "paid", 11),      // newer: update
+                    (2, "paid", 11),      // the table's row is final: skipped
+                    (3, "cancelled", 1),  // deleted, though older (delete comes first)
+                    (5, "new", 2),        // new, even: inserted
+                    (6, "new", 3),        // new, odd: not inserted
+                    (7, "cancelled", 4),  // new but cancelled: not inserted
+                ]),
+                &mut files,
+            )
+            .unwrap();
+        assert_eq!(
+            counts,
+            MergeCounts {
+                updated: 1,
+                inserted: 1,
+                deleted: 1,
+                skipped: 3,
+                deduplicated: 0,
+                files_pruned: 0
+            }
+        );
+        assert_eq!(files.rewritten, vec![0], "file 1 (key 4) is untouched");
+        assert_eq!(
+            contents(&files),
+            rows(&[(1, "paid", 11), (2, "final", 10), (4, "new", 10), (5, "new", 2)])
+        );
+        // A file whose every row is deleted is rewritten empty.
+        let conditions = conditions(None, Some("true"), None);
+        let plan = Plan {
+            keys: &keys,
+            conditions: &conditions,
+            dedup: &MergeDedup::Refuse,
+        };
+        let counts = plan.run(&batch(&[(4, "x", 0)]), &mut files).unwrap();
+        assert_eq!((counts.deleted, counts.updated, counts.inserted), (1, 0, 0));
+        assert_eq!(files.files[1].num_rows(), 0);
+    }
+
+    #[test]
+    fn a_condition_that_fails_names_its_clause() {
+        let keys = vec!["id".to_owned()];
+        let conditions = conditions(Some("CAST(s.status AS INT) > t.at"), None, None);
+        let plan = Plan {
+            keys: &keys,
+            conditions: &conditions,
+            dedup: &MergeDedup::Refuse,
+        };
+        let mut files = Files {
+            files: vec![batch(&[(1, "new", 10)])],
+            ..Files::default()
+        };
+        let Err(RunError::Plan(err)) = plan.run(&batch(&[(1, "paid", 11)]), &mut files) else {
+            panic!("a cast of 'paid' to INT holds")
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the when_matched_update condition \"CAST(s.status AS INT) > t.at\" failed: "),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn duplicate_keys_are_refused_with_delta_s_words_and_the_key() {
         let keys = vec!["id".to_owned(), "status".to_owned()];
         let plan = Plan {
             keys: &keys,
-            condition: None,
+            conditions: &Conditions::default(),
             dedup: &MergeDedup::Refuse,
         };
         let err = plan
@@ -622,7 +798,7 @@ mod tests {
         let dedup = MergeDedup::LatestBy("at".into());
         let plan = Plan {
             keys: &keys,
-            condition: None,
+            conditions: &Conditions::default(),
             dedup: &dedup,
         };
         let mut files = Files {
@@ -650,7 +826,7 @@ mod tests {
         let keys = vec!["order_id".to_owned()];
         let plan = Plan {
             keys: &keys,
-            condition: None,
+            conditions: &Conditions::default(),
             dedup: &MergeDedup::Refuse,
         };
         let Err(RunError::Plan(err)) = plan.run(&batch(&[(1, "a", 1)]), &mut Files::default())

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::super::merge::{MergeDedup, MergeTableSpec, parse_condition, parse_dedup};
+use super::super::merge::{MergeDedup, MergeTableSpec, Sides, parse_condition, parse_dedup};
 use super::super::raw::RawMergeTable;
 use super::{Collector, file_size};
 
@@ -40,16 +40,23 @@ pub(super) fn table(
             ok.then_some(keys)
         }
     };
-    let condition = match raw.when_matched_update {
+    let mut condition = |name: &str, text: Option<String>, sides| match text {
         None => Some(None),
-        Some(text) => match parse_condition(&text) {
+        Some(text) => match parse_condition(&text, sides) {
             Ok(condition) => Some(Some(condition)),
             Err(err) => {
-                c.push(&key("when_matched_update"), err);
+                c.push(&key(name), err);
                 None
             }
         },
     };
+    let update = condition("when_matched_update", raw.when_matched_update, Sides::Both);
+    let delete = condition("when_matched_delete", raw.when_matched_delete, Sides::Both);
+    let insert = condition(
+        "when_not_matched_insert",
+        raw.when_not_matched_insert,
+        Sides::SourceOnly,
+    );
     let dedup = match raw.dedup {
         None => Some(MergeDedup::Refuse),
         Some(text) => match parse_dedup(&text) {
@@ -64,7 +71,9 @@ pub(super) fn table(
     Some(MergeTableSpec {
         path: path?,
         keys: keys?,
-        when_matched_update: condition?,
+        when_matched_delete: delete?,
+        when_matched_update: update?,
+        when_not_matched_insert: insert?,
         dedup: dedup?,
         target_file_size: target_file_size?,
     })
