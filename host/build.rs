@@ -32,5 +32,10 @@ fn main() {
             "weir_plugin_merge_sink",
             "WEIR_PLUGIN_MERGE_SINK",
         ),
+        (
+            "weir-plugin-count-char",
+            "weir_plugin_count_char",
+            "WEIR_PLUGIN_COUNT_CHAR",
+        ),
     ]);
 }

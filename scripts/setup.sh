@@ -53,9 +53,13 @@ weir_setup_build() {
   weir_has_libclang || weir_fail "installed libclang-dev but found no libclang"
   # rust-toolchain.toml pins the toolchain and names the wasm32-wasip2 target, but rustup
   # adds the target only when it installs the toolchain: a machine that already had 1.95
-  # lacks it, and host/build.rs would fail half an hour into the build.
-  (cd "$weir_root" && rustup show active-toolchain >/dev/null) \
-    || weir_fail "rustup could not install the toolchain of rust-toolchain.toml"
+  # lacks it, and host/build.rs would fail half an hour into the build. Newer rustup no
+  # longer installs a missing toolchain on `rustup show`: `rustup toolchain install`, run in
+  # the repository so that it reads rust-toolchain.toml, installs it with its components
+  # and targets.
+  (cd "$weir_root" && rustup show active-toolchain >/dev/null 2>&1) \
+    || (cd "$weir_root" && rustup toolchain install) \
+    || weir_fail "rustup toolchain install failed: cannot install the toolchain of rust-toolchain.toml"
   (cd "$weir_root" && rustup target list --installed | grep -qx wasm32-wasip2) \
     || (cd "$weir_root" && rustup target add wasm32-wasip2 >/dev/null) \
     || weir_fail "rustup target add wasm32-wasip2 failed"

@@ -18,6 +18,7 @@ const SCRIPTS: &[(&str, &[(&str, &str)])] = &[
         &[
             ("python_filter_rows", "WEIR_PLUGIN_PYTHON_FILTER_ROWS"),
             ("python_jsonl_sink", "WEIR_PLUGIN_PYTHON_JSONL_SINK"),
+            ("python_count_char", "WEIR_PLUGIN_PYTHON_COUNT_CHAR"),
         ],
     ),
     (

@@ -104,12 +104,14 @@ pub fn delta(args: &[String]) -> Result<()> {
 
 fn open_sink(work: &Path, name: &str) -> Result<DeltaSink> {
     Ok(DeltaSink::new(DeltaSinkOptions {
-        path: work.join("tables").join(name),
+        spec: weir_host::spec::DeltaSinkSpec {
+            path: work.join("tables").join(name),
+            partition_by: Vec::new(),
+            target_file_size: 128 << 20,
+            commit_every: weir_host::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
+        },
         query_id: format!("bench-{name}"),
         mode: WriteMode::Append,
-        partition_by: Vec::new(),
-        target_file_size: 128 << 20,
-        commit: weir_host::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
         pending_dir: work.join("pending").join(name),
         failpoint: None,
     })?)

@@ -203,7 +203,7 @@ fn sql_fixed_cost() -> Result<f64> {
         })
         .collect::<Result<_>>()?;
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-    let mut t = weir_host::sql::SqlTransform::new("bench", BENCH_SQL, &schema)?;
+    let mut t = weir_host::sql::SqlTransform::new("bench", BENCH_SQL, &schema, &[])?;
     let mut rounds = Vec::new();
     for round in 0..5_u64 {
         let started = Instant::now();

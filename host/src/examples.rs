@@ -16,6 +16,8 @@ pub const JSONL_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_JSONL_SINK")
 pub const RUNNING_TOTAL_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_RUNNING_TOTAL"));
 /// `plugins/merge_sink`: a foreachBatch sink that MERGEs into granted Delta tables.
 pub const MERGE_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_MERGE_SINK"));
+/// `plugins/count_char`: the scalar function `count_char(s, c)` for SQL (Nexmark q14).
+pub const COUNT_CHAR_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_COUNT_CHAR"));
 
 /// Every example plugin by file name.
 pub const PLUGINS: &[(&str, &[u8])] = &[
@@ -24,6 +26,7 @@ pub const PLUGINS: &[(&str, &[u8])] = &[
     ("jsonl_sink.wasm", JSONL_SINK_WASM),
     ("running_total.wasm", RUNNING_TOTAL_WASM),
     ("merge_sink.wasm", MERGE_SINK_WASM),
+    ("count_char.wasm", COUNT_CHAR_WASM),
 ];
 
 /// Writes the example plugins into `dir`.

@@ -10,13 +10,13 @@
 //! | concept | module |
 //! |---|---|
 //! | the pipeline file: keys, types, every-problem validation, `--set` | [`spec`] (`raw` → `validate` → typed [`spec::Pipeline`]) |
-//! | the micro-batch loop, recovery, retries, the query fingerprint | [`query`] (`fingerprint`, `reload` for new plugin builds) |
+//! | the micro-batch loop, recovery, retries, the query fingerprint | [`query`] (`fingerprint`, `reload` for new plugin builds, `stage`: transforms, sink and stateful stages as the query holds them) |
 //! | offsets, commits, source logs, the lock, and where state and sink folders go | [`checkpoint`] ([`checkpoint::CheckpointReader`] for readers) |
 //! | sources: files, Kafka, Delta | [`source`] (`source::open` is the factory) |
 //! | bytes to Arrow, malformed-record policies, dead letters | [`decode`] |
 //! | the Wasm host: engine and cache, sandbox, limits, grants, deadline, guest output checks | [`plugin`] |
 //! | SQL transforms: DataFusion's planner and expressions, Spark's functions, the batch clock | [`sql`] |
-//! | stateless transforms and stateful operators (aggregation, dedup, keyed Wasm state) | [`operator`] |
+//! | stateless transforms and stateful operators (aggregation, dedup, keyed Wasm state) | [`operator`] (`operator::partitioned`: the one partitioned-state helper they share) |
 //! | event-time watermarks and lateness | [`watermark`] |
 //! | versioned, partitioned state stores (RocksDB, memory) | [`state`] |
 //! | sinks: files, console, memory, Kafka, Delta, Delta MERGE, Wasm foreachBatch | [`sink`] |
@@ -24,7 +24,7 @@
 //! | crash injection of the recovery tests (`failpoints` feature) | [`failpoint`] |
 //! | the bundled example plugins and sample orders | [`examples`] |
 //! | the `weir` command line (prints and exit codes live only here) | `cli` |
-//! | shared plumbing: durable writes, calendar arithmetic, FNV-1a | `durable`, `calendar`, `fnv` |
+//! | shared plumbing: durable writes, calendar arithmetic, FNV-1a, HMAC-SHA256 | `durable`, `calendar`, `fnv`, `mac` |
 
 mod calendar;
 pub mod checkpoint;

@@ -34,6 +34,8 @@ __all__ = [
     "and_bits",
     "not_bits",
     "keep",
+    "int32_column",
+    "signature_text",
     "decimals",
     "log",
 ]
@@ -106,6 +108,13 @@ _TYPE_NAMES = {
 def type_name(data_type: types.DataType) -> str:
     """`utf8`, `int64`, `decimal128`, ... for messages and for dispatch on a column's type."""
     return _TYPE_NAMES[type(data_type)]
+
+
+def signature_text(signature) -> str:
+    """A scalar function's declared signature as text, `count_char(utf8, utf8) -> int32`, for
+    the messages of `open` (the argument is a `wit_world.exports.scalar.Signature`)."""
+    arguments = ", ".join(type_name(t) for t in signature.arguments)
+    return f"{signature.name}({arguments}) -> {type_name(signature.returns)}"
 
 
 def field_index(schema: Sequence[types.Field], name: str) -> int:
@@ -186,6 +195,22 @@ def keep(mask: bytes) -> types.TransformOutput:
     is: the host applies the mask to its own Arrow arrays."""
     return types.TransformOutput_Edit(
         types.Edit(set_columns=[], drop_columns=[], keep=types.Selection_Mask(mask))
+    )
+
+
+def int32_column(values: Sequence[int | None], name: str = "result") -> types.Column:
+    """An int32 column of `values`, `None` being null: what a scalar function of world
+    `scalar-function` returns (the host ignores the name). The validity is absent when no value
+    is null."""
+    validity = None
+    if None in values:
+        validity = pack_bits([v is not None for v in values], len(values))
+        values = [0 if v is None else v for v in values]
+    return types.Column(
+        name=name,
+        data_type=types.DataType_Int32(),
+        validity=validity,
+        values=types.ColumnValues_Int32(list(values)),
     )
 
 

@@ -36,7 +36,10 @@ impl BatchInfo {
 }
 
 /// The host side of a batch, implemented for each world's generated resource type.
-#[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+#[cfg(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+))]
 pub(crate) trait HostBatch {
     fn num_rows(&self) -> u32;
     fn schema(&self) -> Schema;
@@ -50,7 +53,10 @@ pub(crate) trait HostBatch {
 
 enum Source<'a> {
     Memory(&'a MemoryBatch),
-    #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+    #[cfg(all(
+        target_arch = "wasm32",
+        any(feature = "transform", feature = "sink", feature = "scalar-function")
+    ))]
     Host(&'a dyn HostBatch),
 }
 
@@ -76,7 +82,10 @@ impl<'a> Batch<'a> {
         Self::new(Source::Memory(batch))
     }
 
-    #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+    #[cfg(all(
+        target_arch = "wasm32",
+        any(feature = "transform", feature = "sink", feature = "scalar-function")
+    ))]
     pub(crate) fn from_host(batch: &'a dyn HostBatch) -> Self {
         Self::new(Source::Host(batch))
     }
@@ -102,7 +111,10 @@ impl<'a> Batch<'a> {
     pub fn num_rows(&self) -> usize {
         *self.rows.get_or_init(|| match &self.source {
             Source::Memory(m) => m.num_rows(),
-            #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+            #[cfg(all(
+                target_arch = "wasm32",
+                any(feature = "transform", feature = "sink", feature = "scalar-function")
+            ))]
             Source::Host(h) => h.num_rows() as usize,
         })
     }
@@ -111,7 +123,10 @@ impl<'a> Batch<'a> {
     pub fn schema(&self) -> &Schema {
         self.schema.get_or_init(|| match &self.source {
             Source::Memory(m) => m.schema(),
-            #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+            #[cfg(all(
+                target_arch = "wasm32",
+                any(feature = "transform", feature = "sink", feature = "scalar-function")
+            ))]
             Source::Host(h) => h.schema(),
         })
     }
@@ -153,7 +168,10 @@ impl<'a> Batch<'a> {
         }
         match &self.source {
             Source::Memory(m) => Ok(m.columns()[index].clone()),
-            #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+            #[cfg(all(
+                target_arch = "wasm32",
+                any(feature = "transform", feature = "sink", feature = "scalar-function")
+            ))]
             Source::Host(h) => {
                 let index = u32::try_from(index).map_err(|_| {
                     PluginError::invalid_input(format!("column index {index} exceeds u32"))
@@ -176,7 +194,10 @@ impl<'a> Batch<'a> {
                     "this MemoryBatch has no IPC bytes: give them with MemoryBatch::with_ipc",
                 )
             }),
-            #[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+            #[cfg(all(
+                target_arch = "wasm32",
+                any(feature = "transform", feature = "sink", feature = "scalar-function")
+            ))]
             Source::Host(h) => Ok(h.to_ipc()),
         }
     }

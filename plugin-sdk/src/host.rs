@@ -58,10 +58,18 @@ pub fn random_u64() -> u64 {
     imp::random_u64()
 }
 
-#[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+#[cfg(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+))]
 mod imp {
     use super::Level;
-    #[cfg(not(feature = "transform"))]
+    #[cfg(all(
+        feature = "scalar-function",
+        not(any(feature = "transform", feature = "sink"))
+    ))]
+    use crate::guest::scalar::bindings::weir::plugin::host as wit_host;
+    #[cfg(all(feature = "sink", not(feature = "transform")))]
     use crate::guest::sink::bindings::weir::plugin::host as wit_host;
     #[cfg(feature = "transform")]
     use crate::guest::transform::bindings::weir::plugin::host as wit_host;
@@ -82,7 +90,10 @@ mod imp {
     }
 }
 
-#[cfg(not(all(target_arch = "wasm32", any(feature = "transform", feature = "sink"))))]
+#[cfg(not(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+)))]
 pub(crate) mod imp {
     use super::Level;
     use std::cell::{Cell, RefCell};

@@ -1,8 +1,9 @@
-//! Write Weir transforms and foreachBatch sinks in plain Rust.
+//! Write Weir transforms, foreachBatch sinks and SQL scalar functions in plain Rust.
 //!
 //! Weir runs user code as WebAssembly components behind the contract in `wit/weir.wit`. This
 //! crate exists so that a plugin author never sees that contract: a plugin is a type, an impl of
-//! [`Transform`] or [`Sink`], and one macro ([`export_transform!`] / [`export_sink!`]). No
+//! [`Transform`], [`Sink`] or [`ScalarFunctions`], and one macro ([`export_transform!`] /
+//! [`export_sink!`] / [`export_scalar_function!`]). No
 //! generated bindings, no `unsafe`, no ABI. The same code runs natively, so plugin logic is
 //! unit-tested with `cargo test` through [`testing`].
 //!
@@ -50,10 +51,13 @@
 //! - [`state`]: keyed state for stateful transforms (feature `stateful-transform`), stored and
 //!   versioned by the host.
 //! - [`delta_merge`]: MERGE into granted Delta tables from a sink (feature `merge-sink`).
+//! - [`function`]: scalar functions that a pipeline's SQL calls by name, one call per batch
+//!   (feature `scalar-function`).
 //! - [`testing`]: native harness that applies outputs like the host does.
 //! - [`text`]: text forms of timestamps, dates and decimals (RFC 3339, exact decimals).
 //! - `guest` (hidden, wasm32 only): the wit-bindgen glue, one `generate!` per cargo feature
-//!   (`transform`, `sink`), because a component must export exactly the world it implements.
+//!   (`transform`, `sink`, `scalar-function`), because a component must export exactly the world
+//!   it implements.
 
 // The generated glue names this crate by its path from the plugin crate; inside the SDK the same
 // path must resolve too.
@@ -64,6 +68,7 @@ pub mod bitmap;
 pub mod column;
 pub mod delta_merge;
 pub mod error;
+pub mod function;
 pub mod host;
 pub mod output;
 pub mod schema;
@@ -72,13 +77,17 @@ pub mod state;
 pub mod testing;
 pub mod text;
 
-#[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+#[cfg(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+))]
 mod guest;
 
 pub use batch::{Batch, BatchInfo};
 pub use bitmap::Bitmap;
 pub use column::{Column, Values};
 pub use error::{ErrorKind, PluginError};
+pub use function::{ScalarFunctions, Signature};
 pub use host::{Level, log, log_debug, log_error, log_info, log_trace, log_warn, random_u64};
 pub use output::{Edit, Output, Selection};
 pub use schema::{DataType, Field, Schema};
@@ -148,6 +157,8 @@ pub trait Sink: Sized + 'static {
 /// Glue for the macros; not part of the API.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(all(target_arch = "wasm32", feature = "scalar-function"))]
+    pub use crate::guest::scalar;
     #[cfg(all(target_arch = "wasm32", feature = "sink"))]
     pub use crate::guest::sink;
     #[cfg(all(target_arch = "wasm32", feature = "transform"))]
@@ -157,6 +168,8 @@ pub mod __private {
     pub const fn assert_transform<T: crate::Transform>() {}
     /// Compile-time check behind the macros: names the missing trait in the error.
     pub const fn assert_sink<T: crate::Sink>() {}
+    /// Compile-time check behind the macros: names the missing trait in the error.
+    pub const fn assert_scalar_functions<T: crate::ScalarFunctions>() {}
 }
 
 /// Makes `$ty` (an implementation of [`Transform`]) the plugin's transform.
@@ -181,6 +194,18 @@ macro_rules! export_transform {
 macro_rules! export_sink {
     ($ty:ty) => {
         const _: () = $crate::__private::assert_sink::<$ty>();
+    };
+}
+
+/// Makes `$ty` (an implementation of [`ScalarFunctions`]) the plugin's scalar functions.
+///
+/// In a `wasm32` build with the SDK's `scalar-function` feature this exports the
+/// `scalar-function` world; natively it only checks that `$ty` implements [`ScalarFunctions`].
+#[cfg(not(target_arch = "wasm32"))]
+#[macro_export]
+macro_rules! export_scalar_function {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_scalar_functions::<$ty>();
     };
 }
 
@@ -266,6 +291,48 @@ macro_rules! export_sink {
     };
 }
 
+/// Makes `$ty` (an implementation of [`ScalarFunctions`]) the plugin's scalar functions.
+#[cfg(all(target_arch = "wasm32", feature = "scalar-function"))]
+#[macro_export]
+macro_rules! export_scalar_function {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_scalar_functions::<$ty>();
+        const _: () = {
+            struct WeirScalarExport;
+
+            ::std::thread_local! {
+                static WEIR_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+
+            impl $crate::__private::scalar::Guest for WeirScalarExport {
+                fn open(
+                    config: $crate::__private::scalar::WitString,
+                    functions: $crate::__private::scalar::WitSignatures,
+                ) -> $crate::__private::scalar::OpenResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::scalar::open::<$ty>(instance, config, functions)
+                    })
+                }
+
+                fn call(
+                    name: $crate::__private::scalar::WitString,
+                    info: $crate::__private::scalar::WitBatchInfo,
+                    args: &$crate::__private::scalar::WitBatch,
+                ) -> $crate::__private::scalar::CallResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::scalar::call::<$ty>(instance, name, info, args)
+                    })
+                }
+            }
+
+            $crate::__private::scalar::bindings::export_world!(
+                WeirScalarExport with_types_in $crate::__private::scalar::bindings
+            );
+        };
+    };
+}
+
 /// Without the `transform` feature a wasm32 build cannot export a transform.
 #[cfg(all(target_arch = "wasm32", not(feature = "transform")))]
 #[macro_export]
@@ -284,6 +351,17 @@ macro_rules! export_sink {
     ($ty:ty) => {
         ::core::compile_error!(
             "export_sink! needs the `sink` feature: weir-plugin-sdk = { ..., features = [\"sink\"] }"
+        );
+    };
+}
+
+/// Without the `scalar-function` feature a wasm32 build cannot export scalar functions.
+#[cfg(all(target_arch = "wasm32", not(feature = "scalar-function")))]
+#[macro_export]
+macro_rules! export_scalar_function {
+    ($ty:ty) => {
+        ::core::compile_error!(
+            "export_scalar_function! needs the `scalar-function` feature: weir-plugin-sdk = { ..., features = [\"scalar-function\"] }"
         );
     };
 }

@@ -3,11 +3,14 @@
 //!
 //! [`run_transform`] applies a transform's [`Output`] exactly as the host does (set columns,
 //! then drop columns, then keep rows) and checks what the host checks, so a test that passes here
-//! fails in the host only for boundary reasons.
+//! fails in the host only for boundary reasons. [`call_function`] does the same for a scalar
+//! function: it checks the arguments against the declared signature and the result as the host
+//! checks it.
 
 use crate::batch::{Batch, BatchInfo};
 use crate::column::Column;
 use crate::error::{PluginError, parse_config};
+use crate::function::{ScalarFunctions, Signature};
 use crate::host::Level;
 use crate::output::{Edit, Output, Selection};
 use crate::schema::Schema;
@@ -228,6 +231,44 @@ pub fn run_sink<S: Sink>(
     Ok(())
 }
 
+/// Opens scalar functions `F` with `config_json` and the declared `functions`, then calls function
+/// `name` on the argument columns of `args` as batch 0 and returns the result, checked as the host
+/// checks it. Construct `F` with [`ScalarFunctions::new`] yourself to call it on several batches.
+///
+/// # Errors
+/// The plugin's own error from `Config` deserialisation, `new` or `call`; or
+/// [`PluginError::fatal`] when `name` is not among `functions`, when `args` does not have the
+/// declared argument types (the host casts them before the call), or when the result does not
+/// have one value per row of `args` of the declared result type.
+pub fn call_function<F: ScalarFunctions>(
+    config_json: &str,
+    functions: &[Signature],
+    name: &str,
+    args: &MemoryBatch,
+) -> Result<Column, PluginError> {
+    let signature = functions.iter().find(|f| f.name == name).ok_or_else(|| {
+        PluginError::fatal(format!(
+            "call_function: `{name}` is not among the declared functions"
+        ))
+    })?;
+    let given: Vec<crate::DataType> = args.columns().iter().map(|c| c.data_type).collect();
+    if given != signature.arguments {
+        return Err(PluginError::fatal(format!(
+            "call_function: {signature} called with arguments {given:?}"
+        )));
+    }
+    let mut plugin = F::new(parse_config(config_json)?, functions)?;
+    let result = plugin.call(name, &Batch::from_memory(args), &BatchInfo::new(0))?;
+    result.validate(args.num_rows())?;
+    if result.data_type != signature.returns {
+        return Err(PluginError::fatal(format!(
+            "function `{name}` returned a {} column, it is declared {signature}",
+            result.data_type
+        )));
+    }
+    Ok(result)
+}
+
 /// The messages plugins logged on this thread since the last call (natively, `log` records them
 /// instead of printing).
 pub fn take_logs() -> Vec<(Level, String)> {
@@ -270,11 +311,17 @@ pub fn reset_state() {
     crate::state::imp::clear();
 }
 
-#[cfg(not(all(target_arch = "wasm32", any(feature = "transform", feature = "sink"))))]
+#[cfg(not(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+)))]
 use crate::host::imp as log_imp;
 
 /// In the guest there is nothing to record: these are inert.
-#[cfg(all(target_arch = "wasm32", any(feature = "transform", feature = "sink")))]
+#[cfg(all(
+    target_arch = "wasm32",
+    any(feature = "transform", feature = "sink", feature = "scalar-function")
+))]
 mod log_imp {
     use crate::host::{Level, LogHook};
 
@@ -341,6 +388,85 @@ mod tests {
             .apply(&Output::edit().keep(Selection::mask(Bitmap::from_bytes(vec![], 0))))
             .unwrap_err();
         assert!(e.message.contains("the keep mask has 0 bytes"), "{e}");
+    }
+
+    /// `len(s STRING) -> INT`, and `len_wrong` that returns a BIGINT in spite of its declaration.
+    struct Len;
+
+    impl ScalarFunctions for Len {
+        type Config = std::collections::BTreeMap<String, String>;
+        fn new(_config: Self::Config, functions: &[Signature]) -> Result<Self, PluginError> {
+            for f in functions {
+                if f.name != "len_wrong" {
+                    f.expect("len", &[crate::DataType::Utf8], crate::DataType::Int32)?;
+                }
+            }
+            Ok(Self)
+        }
+        fn call(
+            &mut self,
+            name: &str,
+            args: &Batch<'_>,
+            _info: &BatchInfo,
+        ) -> Result<Column, PluginError> {
+            let s = args.column_at(0)?;
+            let lengths = (0..args.num_rows()).map(|i| s.str(i).map_or(0, str::len));
+            Ok(if name == "len_wrong" {
+                Column::int64(
+                    "r",
+                    lengths
+                        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+                        .collect(),
+                    None,
+                )
+            } else {
+                Column::int32(
+                    "r",
+                    lengths
+                        .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+                        .collect(),
+                    s.validity.clone(),
+                )
+            })
+        }
+    }
+
+    #[test]
+    fn call_function_checks_arguments_and_result() {
+        let len = Signature::new("len", vec![crate::DataType::Utf8], crate::DataType::Int32);
+        let args = MemoryBatch::new(vec![Column::utf8_from_iter(
+            "s",
+            [Some("ab"), None, Some("")],
+        )]);
+        let out = call_function::<Len>("", std::slice::from_ref(&len), "len", &args).unwrap();
+        assert_eq!(out.values, crate::Values::Int32(vec![2, 0, 0]));
+        assert_eq!(out.null_count(), 1);
+
+        let e = call_function::<Len>("", std::slice::from_ref(&len), "nope", &args).unwrap_err();
+        assert_eq!(
+            e.message,
+            "call_function: `nope` is not among the declared functions"
+        );
+        let ints = MemoryBatch::new(vec![Column::int64("n", vec![1], None)]);
+        let e = call_function::<Len>("", std::slice::from_ref(&len), "len", &ints).unwrap_err();
+        assert_eq!(
+            e.message,
+            "call_function: len(utf8) -> int32 called with arguments [Int64]"
+        );
+        let wrong = Signature::new(
+            "len_wrong",
+            vec![crate::DataType::Utf8],
+            crate::DataType::Int32,
+        );
+        let e = call_function::<Len>("", &[wrong], "len_wrong", &args).unwrap_err();
+        assert_eq!(
+            e.message,
+            "function `len_wrong` returned a int64 column, it is declared \
+             len_wrong(utf8) -> int32"
+        );
+        let bigint = Signature::new("len", vec![crate::DataType::Utf8], crate::DataType::Int64);
+        let e = call_function::<Len>("", &[bigint], "len", &args).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::InvalidConfig);
     }
 
     #[test]

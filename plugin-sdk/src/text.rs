@@ -35,6 +35,8 @@ pub enum TextError {
 const MICROS_PER_SECOND: i64 = 1_000_000;
 const SECONDS_PER_DAY: i64 = 86_400;
 
+// A copy of the host's `calendar`: this crate is compiled to Wasm and cannot depend on the host.
+
 /// The (year, month, day) of `days` since 1970-01-01 (proleptic Gregorian; Howard Hinnant's
 /// `civil_from_days`).
 pub fn civil_from_days(days: i64) -> (i64, u32, u32) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Weir's Python example plugins into WebAssembly components:
 #
-#   plugins/python/build.sh OUT_DIR     # writes OUT_DIR/python_filter_rows.wasm, python_jsonl_sink.wasm
+#   plugins/python/build.sh OUT_DIR     # writes OUT_DIR/python_filter_rows.wasm, python_jsonl_sink.wasm,
+#                                       # python_count_char.wasm
 #
 # componentize-py, pinned by hash in requirements.txt beside this script, is installed with pip
 # into a virtual environment under ${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools} the first time
@@ -47,6 +48,7 @@ fi
 plugins=(
   "filter_rows transform filter_rows"
   "jsonl_sink sink jsonl_sink"
+  "count_char scalar-function count_char"
 )
 for spec in "${plugins[@]}"; do
   read -r name world module <<<"$spec"

@@ -14,9 +14,10 @@ use serde_json::Value;
 /// The Python that has `deltalake` and `pyarrow`: `$WEIR_DELTA_PYTHON` (set by `.ci/run`), else
 /// the venv `.ci/run` creates under `$HOME/.cache/weir/venv`. Missing is a failure, not a skip.
 pub fn python() -> Result<PathBuf> {
-    const INSTALL: &str = "run .ci/run (it creates $HOME/.cache/weir/venv with \
-        `python3 -m venv` and `pip install deltalake==1.6.6 pyarrow==26.0.1`), or set \
-        WEIR_DELTA_PYTHON to a python that has both packages";
+    const INSTALL: &str = "run `bash .ci/run`, or `source scripts/setup.sh; weir_setup_tests` \
+        (either creates $HOME/.cache/weir/venv from the hash-pinned \
+        scripts/requirements/deltalake.txt), or set WEIR_DELTA_PYTHON to a python that has \
+        both packages";
     let python = match std::env::var_os("WEIR_DELTA_PYTHON") {
         Some(p) => PathBuf::from(p),
         None => {

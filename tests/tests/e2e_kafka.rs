@@ -37,7 +37,8 @@ use weir_host::failpoint::Phase;
 use weir_tests::delta::{commits, own_rows, py_read, py_rows, txn_of};
 use weir_tests::kafka::{Broker, order_lines};
 use weir_tests::{
-    SCHEMA, Workspace, commit_ids, json_rows, offset_ids, run_killed_at, run_ok, same_rows,
+    SCHEMA, Workspace, commit_ids, json_rows, offset_ids, query_id, run_killed_at, run_ok,
+    same_rows,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -179,11 +180,6 @@ fn setup(broker: Broker) -> Result<Setup> {
         broker,
         reference,
     })
-}
-
-fn query_id(checkpoint: &Path) -> Result<String> {
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
-    meta["id"].as_str().map(str::to_owned).context("query id")
 }
 
 /// The last `offsets/N` of the checkpoint holds the log end of every input partition.

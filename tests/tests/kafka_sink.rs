@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use weir_tests::kafka::{Broker, Read, order_lines};
-use weir_tests::{SCHEMA, Workspace, commit_ids, run_killed_at, run_ok};
+use weir_tests::{SCHEMA, Workspace, commit_ids, query_id, run_killed_at, run_ok};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 
@@ -51,16 +51,6 @@ on_malformed = "drop"
 {sink}
 "#
     )
-}
-
-fn query_id(checkpoint: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(checkpoint.join("metadata"))?;
-    let json = text
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .context("metadata holds JSON")?;
-    let v: serde_json::Value = serde_json::from_str(json)?;
-    Ok(v["id"].as_str().context("metadata has an id")?.to_owned())
 }
 
 struct Topic {

@@ -928,6 +928,23 @@ fn hostile_state(
     batch: &RecordBatch,
     state_dir: &std::path::Path,
 ) -> Result<WasmTransform> {
+    hostile_state_in(
+        config,
+        sandbox,
+        batch,
+        state_dir,
+        weir_host::state::StoreKind::Memory,
+    )
+}
+
+/// As [`hostile_state`], with the keyed state in a store of `kind`.
+fn hostile_state_in(
+    config: &str,
+    sandbox: Sandbox,
+    batch: &RecordBatch,
+    state_dir: &std::path::Path,
+    kind: weir_host::state::StoreKind,
+) -> Result<WasmTransform> {
     use weir_host::operator::wasm_state::{KeyedState, KeyedStateConfig};
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache()),
@@ -955,7 +972,7 @@ fn hostile_state(
         num_partitions: 2,
         state_dir: state_dir.to_path_buf(),
         state: weir_host::state::StateOptions {
-            kind: weir_host::state::StoreKind::Memory,
+            kind,
             ..weir_host::state::StateOptions::default()
         },
     })?;
@@ -1231,6 +1248,141 @@ fn a_batch_over_a_host_budget_is_not_committed_and_reruns_once_fixed() -> Result
     assert_eq!(offset_ids(&checkpoint)?, vec![0, 1]);
 
     let file = ws.pipeline("hostile.toml", &stateful("ok"))?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
+    let mut rows = 0;
+    for e in std::fs::read_dir(ws.path().join("out"))? {
+        rows += std::fs::read_to_string(e?.path())?.lines().count() as u64;
+    }
+    assert_eq!(rows, ws.orders.lines - ws.orders.malformed, "no row lost");
+    Ok(())
+}
+
+/// How many copies of the key `big` (holding one byte) the plugin asks
+/// `get-many` for: two million reads of the state store, seconds of host
+/// time, while the plugin builds its list of keys in a few tens of
+/// milliseconds. The result would take 26 MB, far below the memory limit the
+/// test gives it, so only the time limit can end the call.
+const SLOW_GET_MANY_COPIES: u64 = 2_000_000;
+
+#[test]
+fn a_keyed_state_call_past_the_time_limit_fails_at_it_and_the_query_goes_on() -> Result<()> {
+    // In the host: the typed error, at the limit.
+    let batch = orders_batch(10)?;
+    let dir = tempfile::tempdir()?;
+    let sandbox = Sandbox {
+        memory_bytes: 1 << 30,
+        timeout: Duration::from_millis(500),
+        ..Sandbox::default()
+    };
+    let config = format!(
+        r#"{{"mode":"get-many","batch":1,"value_bytes":1,"copies":{SLOW_GET_MANY_COPIES}}}"#
+    );
+    let mut t = hostile_state_in(
+        &config,
+        sandbox,
+        &batch,
+        dir.path(),
+        weir_host::state::StoreKind::RocksDb,
+    )?;
+    assert_eq!(t.process(&batch, &info(0))?.num_rows(), 10);
+    t.keyed_state_mut().context("stateful")?.commit(0)?;
+    t.keyed_state_mut().context("stateful")?.load(Some(0), 0)?;
+    let started = Instant::now();
+    let err = t
+        .process(&batch, &info(1))
+        .expect_err("two million reads of the state store");
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(
+            err,
+            PluginError::Timeout {
+                batch_id: 1,
+                limit_ms: 500,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "plugin hostile_state exceeded its time limit of 500 ms in batch 1"
+    );
+    let limit = Duration::from_millis(500);
+    assert!(
+        elapsed >= limit && elapsed < limit + Duration::from_secs(5),
+        "failed after {elapsed:?}, the limit is {limit:?}"
+    );
+    // The instance that timed out is replaced, the state is loaded again,
+    // and the next batch runs.
+    t.keyed_state_mut().context("stateful")?.load(Some(0), 0)?;
+    assert_eq!(t.process(&batch, &info(2))?.num_rows(), 10);
+    assert_eq!(t.usage().instantiations, 2);
+
+    // In a query: the log says it was the keyed-state call the limit ended
+    // (not the plugin's own code, not memory), the batch is not committed,
+    // and it runs again once the plugin is fixed.
+    let ws = Workspace::new(3, 100)?;
+    std::fs::write(
+        ws.path().join("plugins/hostile_state.wasm"),
+        HOSTILE_STATE_WASM,
+    )?;
+    let checkpoint = ws.path().join("checkpoints/hostile");
+    let stateful = |mode: &str, timeout: &str| {
+        pipeline(mode)
+            .replace(
+                "name = \"hostile\"\nplugin = \"plugins/hostile.wasm\"",
+                "name = \"hostile_state\"\nplugin = \"plugins/hostile_state.wasm\"",
+            )
+            .replace(
+                &format!("mode = \"{mode}\", batch = 1 }}\n"),
+                &format!(
+                    "mode = \"{mode}\", batch = 1, value_bytes = 1, \
+                     copies = {SLOW_GET_MANY_COPIES} }}\n\
+                     limits = {{ memory = \"1 GiB\", timeout = \"{timeout}\" }}\n"
+                ),
+            )
+    };
+    let text = stateful("get-many", "500ms");
+    assert!(text.contains("plugins/hostile_state.wasm"), "{text}");
+    assert!(
+        text.contains(&format!("copies = {SLOW_GET_MANY_COPIES} }}\nlimits = ")),
+        "{text}"
+    );
+    assert!(text.contains("timeout = \"500ms\""), "{text}");
+    let file = ws.pipeline("hostile.toml", &text)?;
+    let started = Instant::now();
+    let out = weir(EXE, &cache(), &["run", file.to_str().unwrap_or_default()])?;
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("plugin hostile_state exceeded its time limit of 500 ms in batch 1"),
+        "{stderr}"
+    );
+    let waited: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("the time limit passed while the plugin waited in keyed-state.get-many")
+        })
+        .collect();
+    assert!(
+        !waited.is_empty(),
+        "the call the limit ended is logged: {stderr}"
+    );
+    assert!(
+        waited
+            .iter()
+            .all(|l| l.contains("hostile_state") && l.contains("batch_id=1")),
+        "{waited:?}"
+    );
+    assert!(!stderr.contains("exceeded its memory limit"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(elapsed < Duration::from_secs(60), "{elapsed:?}");
+    assert_eq!(commit_ids(&checkpoint)?, vec![0]);
+    assert_eq!(offset_ids(&checkpoint)?, vec![0, 1]);
+
+    let file = ws.pipeline("hostile.toml", &stateful("ok", "30s"))?;
     run_ok(EXE, &cache(), &file, &[])?;
     assert_eq!(commit_ids(&checkpoint)?, vec![0, 1, 2]);
     let mut rows = 0;

@@ -277,3 +277,170 @@ fn a_restart_takes_an_edited_filter_but_not_a_changed_state_column() -> Result<(
     );
     Ok(())
 }
+
+/// `[[function]] name = "count_char"` of `plugin` (world `scalar-function`).
+fn count_char(plugin: &str, arguments: &str) -> String {
+    format!(
+        "[[function]]\nname = \"count_char\"\nplugin = \"{plugin}\"\narguments = [{arguments}]\n\
+         returns = \"INT\"\nlimits = {{ memory = \"64 MiB\", timeout = \"10s\" }}\n"
+    )
+}
+
+/// A plugin's scalar function called from SQL, one call per batch: the Rust and the Python
+/// builds of `count_char` give the values computed here (NULL for NULL), the same bytes, and
+/// the same bytes again when a batch is replayed after a crash; a declaration the plugin
+/// refuses stops the start with its reason.
+#[test]
+fn a_plugin_s_scalar_function_is_called_from_sql_in_rust_and_python() -> Result<()> {
+    let ws = Workspace::new(3, 150)?;
+    std::fs::copy(
+        weir_tests::PYTHON_COUNT_CHAR,
+        ws.path().join("plugins/python_count_char.wasm"),
+    )?;
+    let statement = sql(
+        "SELECT order_id, status, session_id, count_char(status, 'e') AS es, \
+         count_char(session_id, '-') + 1 AS parts FROM input WHERE count_char(status, 'e') >= 0",
+    );
+    let mut outputs = Vec::new();
+    for (tag, plugin) in [
+        ("rust", "plugins/count_char.wasm"),
+        ("python", "plugins/python_count_char.wasm"),
+    ] {
+        let text = pipeline(
+            tag,
+            "",
+            &format!(
+                "{}\n{statement}",
+                count_char(plugin, "\"STRING\", \"STRING\"")
+            ),
+            &files_sink(tag),
+        );
+        let file = ws.pipeline(&format!("{tag}.toml"), &text)?;
+        for command in ["validate", "run"] {
+            let out = weir(EXE, &cache(), &[command, file.to_str().context("path")?])?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{tag} {command}: {stderr}");
+        }
+        let checkpoint = ws.path().join("checkpoints").join(tag);
+        assert_eq!(commit_ids(&checkpoint)?, [0, 1, 2], "{tag}");
+        let mut seen = 0;
+        let mut batches = Vec::new();
+        for n in 0..3_u64 {
+            let path = ws.path().join(batch_file(tag, n));
+            for row in rows(&path)? {
+                seen += 1;
+                let count = |column: &str, c: char| {
+                    row[column]
+                        .as_str()
+                        .map(|s| Value::from(s.chars().filter(|x| *x == c).count()))
+                        .unwrap_or(Value::Null)
+                };
+                assert_eq!(row["es"], count("status", 'e'), "{tag}: {row}");
+                let parts = count("session_id", '-')
+                    .as_u64()
+                    .map_or(Value::Null, |d| Value::from(d + 1));
+                assert_eq!(row["parts"], parts, "{tag}: {row}");
+            }
+            batches.push(std::fs::read(&path)?);
+        }
+        assert_eq!(seen, ws.orders.lines - ws.orders.malformed, "{tag}");
+        outputs.push(batches);
+    }
+    assert_eq!(
+        outputs[0], outputs[1],
+        "the Rust and the Python builds wrote other bytes"
+    );
+
+    // Killed after batch 1's rows are written, before its commit: the replay calls the
+    // function again and writes the same bytes.
+    let file = ws.pipeline(
+        "killed.toml",
+        &pipeline(
+            "killed",
+            "",
+            &format!(
+                "{}\n{statement}",
+                count_char("plugins/count_char.wasm", "\"STRING\", \"STRING\"")
+            ),
+            &files_sink("killed"),
+        ),
+    )?;
+    run_killed_at(EXE, &cache(), &file, "before-commit@1")?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    for n in 0..3_u64 {
+        assert_eq!(
+            std::fs::read(ws.path().join(batch_file("killed", n)))?,
+            outputs[0][usize::try_from(n)?],
+            "batch {n} after the replay"
+        );
+    }
+
+    // The plugin refuses a signature it does not implement, naming the function.
+    let refused = ws.pipeline(
+        "refused.toml",
+        &pipeline(
+            "refused",
+            "",
+            &format!(
+                "{}\n{}",
+                count_char("plugins/count_char.wasm", "\"STRING\""),
+                sql("SELECT count_char(status) AS n FROM input")
+            ),
+            &files_sink("refused"),
+        ),
+    )?;
+    let out = weir(EXE, &cache(), &["run", refused.to_str().context("path")?])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("plugin count_char rejected its config: ") && stderr.contains("count_char"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// `weir validate` plans the SQL with the declared functions: a call with the wrong number of
+/// arguments, a misspelt function and a name that is a built-in are each refused at their key.
+#[test]
+fn validation_knows_the_declared_functions() -> Result<()> {
+    let ws = Workspace::new(1, 10)?;
+    let cases = [
+        (
+            count_char("plugins/count_char.wasm", "\"STRING\", \"STRING\""),
+            "SELECT count_chr(status, 'e') AS n FROM input",
+            "transform[0].sql: unknown function count_chr() (did you mean count_char?)",
+        ),
+        (
+            count_char("plugins/count_char.wasm", "\"STRING\", \"STRING\""),
+            "SELECT count_char(status) AS n FROM input",
+            "transform[0].sql: ",
+        ),
+        (
+            count_char("plugins/count_char.wasm", "\"STRING\", \"STRING\"")
+                .replace("name = \"count_char\"", "name = \"upper\""),
+            "SELECT order_id FROM input",
+            "function[0].name: \"upper\" is a built-in SQL function",
+        ),
+        (
+            count_char("plugins/count_char.wasm", "\"STRING\", \"MAP\""),
+            "SELECT order_id FROM input",
+            "function[0].arguments[1]: \"MAP\"",
+        ),
+    ];
+    for (i, (function, statement, problem)) in cases.iter().enumerate() {
+        let file = ws.pipeline(
+            &format!("case{i}.toml"),
+            &pipeline(
+                &format!("case{i}"),
+                "",
+                &format!("{function}\n{}", sql(statement)),
+                &files_sink("case"),
+            ),
+        )?;
+        let out = weir(EXE, &cache(), &["validate", file.to_str().context("path")?])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {i}: {stderr}");
+        assert!(stderr.contains(problem), "case {i}: {stderr}");
+    }
+    Ok(())
+}

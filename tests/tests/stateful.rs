@@ -223,9 +223,9 @@ fn dedup(tag: &str, keys: &str, within_watermark: bool) -> String {
 }
 
 fn fingerprint(checkpoint: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(checkpoint.join("metadata"))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    Ok(v["fingerprint"].clone())
+    Ok(weir_tests::checkpoint_metadata(checkpoint)?
+        .fingerprint
+        .unwrap_or_default())
 }
 
 fn state_rows(checkpoint: &Path) -> Result<Vec<u64>> {

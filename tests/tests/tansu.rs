@@ -141,9 +141,7 @@ fn the_kafka_sink_writes_each_batch_once_with_its_marker_to_tansu() -> Result<()
         let checkpoint = ws.path().join("checkpoints").join(&tag);
         let batches = commit_ids(&checkpoint)?;
         assert!(batches.len() >= 3, "{tag}: {batches:?}");
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(checkpoint.join("metadata"))?)?;
-        let id = meta["id"].as_str().context("query id")?;
+        let id = weir_tests::query_id(&checkpoint)?;
 
         let mut rows = Vec::new();
         let mut markers = Vec::new();

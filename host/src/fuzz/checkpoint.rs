@@ -1,17 +1,18 @@
 //! Fuzzing the readers of a checkpoint directory and of the logs the sources keep in it.
 //!
 //! A checkpoint lives for weeks and is damaged by crashes, disks, copies and people; every file
-//! in it is read back as untrusted input. Targets: the `metadata` file
+//! in it is read back as untrusted input. Targets: the `metadata` and `secret` files
 //! ([`Checkpoint::open`]), the `lock` file's holder record (read when the lock is taken), the
 //! numbered entries of `offsets/`, `commits/` and `sources/<i>/` read as every entry type the host
 //! stores ([`BatchLog::get`], [`BatchLog::ids`]), the files source and the Delta source reading
-//! damaged source-log entries, and the Delta source reading damaged commit files of its table.
+//! damaged source-log entries, the Delta source reading damaged commit files of its table, and
+//! the Delta sink reading (and replaying) damaged lists of its pending files.
 //! Inputs are arbitrary bytes, byte mutations of valid files, and JSON-level mutations (a value
 //! replaced by one of another type or an extreme number, a key removed), which get past the JSON
 //! parser into the typed checks. Properties: no panic; a damaged entry is
 //! [`CheckpointError::Corrupt`] naming the file; an entry that reads back was written as
 //! `v1\n<json>\n`; entries round-trip through `put`/`get`; a source never reads a file outside
-//! its folder or table.
+//! its folder or table, and the sink never deletes one outside its table.
 //!
 //! Budget: about 5 000 cases, a few seconds; the slow part is the fsync of each `put`.
 
@@ -469,6 +470,26 @@ fn fuzz_checkpoint_log_round_trip() {
     });
 }
 
+/// How the `secret` beside `metadata` is damaged.
+#[derive(Debug, Clone)]
+enum SecretDamage {
+    Intact,
+    Mutated(Vec<ByteEdit>),
+    Bytes(Vec<u8>),
+    Missing,
+}
+
+fn secret_damage() -> impl Strategy<Value = SecretDamage> {
+    prop_oneof![
+        3 => Just(SecretDamage::Intact),
+        3 => byte_edits(3).prop_map(SecretDamage::Mutated),
+        1 => proptest::collection::vec(any::<u8>(), 0..64).prop_map(SecretDamage::Bytes),
+        1 => Just(SecretDamage::Missing),
+    ]
+}
+
+/// `metadata` (damaged in most cases) and the `secret` beside it (damaged in some): a checkpoint
+/// opens with the secret's own 32 bytes, or the error is `Corrupt` naming the damaged file.
 #[test]
 fn fuzz_checkpoint_metadata() {
     let template = tempfile::tempdir().expect("temp dir");
@@ -480,17 +501,31 @@ fn fuzz_checkpoint_metadata() {
     // The secret beside it, which the valid metadata says is there.
     let secret = std::fs::read(template.path().join("secret")).expect("secret written");
     let opened = Reach::default();
-    run(300, damage(), |damage| {
+    let secret_refused = Reach::default();
+    let strategy = (proptest::option::weighted(0.7, damage()), secret_damage());
+    run(300, strategy, |(damage, secret_damage)| {
+        let io = |e: std::io::Error| TestCaseError::fail(e.to_string());
         let bytes = match &damage {
-            Damage::Bytes(bytes) => bytes.clone(),
-            Damage::Mutated(edits) => mutate(&valid_bytes, edits),
-            Damage::Json(edits) => format!("{}\n", apply_json(valid.clone(), edits)).into_bytes(),
+            None => valid_bytes.clone(),
+            Some(Damage::Bytes(bytes)) => bytes.clone(),
+            Some(Damage::Mutated(edits)) => mutate(&valid_bytes, edits),
+            Some(Damage::Json(edits)) => {
+                format!("{}\n", apply_json(valid.clone(), edits)).into_bytes()
+            }
         };
-        let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let secret_bytes = match &secret_damage {
+            SecretDamage::Intact => Some(secret.clone()),
+            SecretDamage::Mutated(edits) => Some(mutate(&secret, edits)),
+            SecretDamage::Bytes(bytes) => Some(bytes.clone()),
+            SecretDamage::Missing => None,
+        };
+        let dir = tempfile::tempdir().map_err(io)?;
         let path = dir.path().join("metadata");
-        std::fs::write(&path, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        std::fs::write(dir.path().join("secret"), &secret)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let secret_path = dir.path().join("secret");
+        std::fs::write(&path, &bytes).map_err(io)?;
+        if let Some(secret_bytes) = &secret_bytes {
+            std::fs::write(&secret_path, secret_bytes).map_err(io)?;
+        }
         match Checkpoint::open(dir.path()) {
             Ok(checkpoint) => {
                 prop_assert_eq!(
@@ -498,17 +533,38 @@ fn fuzz_checkpoint_metadata() {
                     crate::checkpoint::FORMAT_VERSION
                 );
                 prop_assert!(bytes.ends_with(b"\n"));
-                opened.hit();
+                // The secret the query's plugins are keyed by is the file's, whole: the one
+                // written (a damaged one is never used) or, for a checkpoint without
+                // `secret_since`, one created in its place.
+                let on_disk = std::fs::read(&secret_path).map_err(io)?;
+                prop_assert_eq!(on_disk.len(), crate::checkpoint::SECRET_LEN);
+                prop_assert_eq!(&on_disk[..], &checkpoint.secret().expose()[..]);
+                if let Some(secret_bytes) = &secret_bytes {
+                    prop_assert_eq!(secret_bytes, &on_disk);
+                }
+                if damage.is_some() {
+                    opened.hit();
+                }
             }
             Err(CheckpointError::Corrupt { file, reason }) => {
-                prop_assert_eq!(file, path);
                 prop_assert!(!reason.is_empty());
+                if file == secret_path {
+                    prop_assert!(
+                        !matches!(secret_damage, SecretDamage::Intact),
+                        "an intact secret was refused: {reason}"
+                    );
+                    secret_refused.hit();
+                } else {
+                    prop_assert_eq!(file, path);
+                    prop_assert!(damage.is_some(), "intact metadata was refused: {reason}");
+                }
             }
             Err(e) => prop_assert!(false, "not a Corrupt error: {e}"),
         }
         Ok(())
     });
     opened.check("a damaged metadata file that opens", 300);
+    secret_refused.check("a damaged secret refused naming the file", 300);
 }
 
 #[test]
@@ -906,6 +962,191 @@ fn fuzz_delta_table_commits() {
         Ok(())
     });
     read.check("a damaged table whose files read", 600);
+}
+
+// ---------------------------------------------------------------- the Delta sink's pending lists
+
+/// How a pending list of the Delta sink is damaged.
+#[derive(Debug, Clone)]
+enum ListDamage {
+    /// As any checkpoint file is.
+    Damaged(Damage),
+    /// The `path` of one `add` (the n-th, modulo their count) replaced by one of the ways out
+    /// of the table (the m-th, modulo their count).
+    Escape(usize, usize),
+}
+
+/// `v` with every string `/etc/passwd` (one of [`hostile_json`]'s) replaced by `victim`: a
+/// pending list names files the sink deletes, so its hostile paths aim at a file of the test's
+/// own, never at one of the machine's.
+fn retarget(v: &mut Value, victim: &str) {
+    match v {
+        Value::String(s) if s.as_str() == "/etc/passwd" => *s = victim.to_owned(),
+        Value::Array(items) => items.iter_mut().for_each(|item| retarget(item, victim)),
+        Value::Object(map) => map.values_mut().for_each(|item| retarget(item, victim)),
+        _ => {}
+    }
+}
+
+/// A Delta sink into `dir/table` that commits every 3 batches, its pending lists in
+/// `dir/cp/sinks/delta/pending`.
+fn delta_sink_options(dir: &Path) -> crate::sink::delta::DeltaSinkOptions {
+    crate::sink::delta::DeltaSinkOptions {
+        spec: crate::spec::DeltaSinkSpec {
+            path: dir.join("table"),
+            partition_by: Vec::new(),
+            target_file_size: 128 << 20,
+            commit_every: crate::spec::CommitEvery::Batches(
+                std::num::NonZeroU64::new(3).expect("not zero"),
+            ),
+        },
+        query_id: "fuzz-query".into(),
+        mode: crate::sink::delta::WriteMode::Append,
+        pending_dir: dir.join("cp/sinks/delta/pending"),
+        failpoint: None,
+    }
+}
+
+fn sink_batch(batch_id: u64) -> crate::plugin::BatchInfo {
+    crate::plugin::BatchInfo {
+        query_id: "fuzz-query".into(),
+        batch_id,
+        attempt: 0,
+        timestamp_micros: 0,
+        partition: 0,
+    }
+}
+
+/// The pending list of batch 0 (written, not committed) damaged, sometimes beside a second list
+/// under another batch id: opening the sink reads them all ([`crate::sink::delta::DeltaSink::new`])
+/// and either succeeds or fails naming one of the lists (`Corrupt`, or `Pending` for a list that
+/// is not a list of `add` actions); a list that opens is replayed (its files are deleted, the
+/// batch written again). The file beside the table that the hostile paths aim at is never
+/// touched.
+#[test]
+fn fuzz_delta_sink_pending_lists() {
+    use crate::sink::delta::{DeltaSink, DeltaSinkError, Written};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let victim = dir.path().join("outside.parquet");
+    std::fs::write(&victim, b"precious").expect("the file outside the table");
+    let victim_path = victim.display().to_string();
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let rows = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(Int64Array::from(vec![1, 2, 3]))],
+    )
+    .expect("batch");
+    let options = delta_sink_options(dir.path());
+    let pending = options.pending_dir.clone();
+    let list = pending.join(format!("{:020}.json", 0));
+    {
+        let mut sink = DeltaSink::new(options).expect("the sink opens");
+        let written = sink
+            .write(&sink_batch(0), &schema, std::slice::from_ref(&rows))
+            .expect("batch 0");
+        assert_eq!(written, Written::Pending);
+    }
+    let valid_bytes = std::fs::read(&list).expect("the pending list of batch 0");
+    let valid: Value = serde_json::from_slice(&valid_bytes).expect("a JSON list");
+    assert!(
+        valid.as_array().is_some_and(|adds| !adds.is_empty()),
+        "{valid}"
+    );
+    // Ways out of `dir/table` to `dir/outside.parquet`, and paths that name no file.
+    let escapes: Vec<String> = vec![
+        "../outside.parquet".into(),
+        "%2e%2e/outside.parquet".into(),
+        "..%2foutside.parquet".into(),
+        "part/../../outside.parquet".into(),
+        victim_path.clone(),
+        format!("%2F{}", victim_path.trim_start_matches('/')),
+        format!("file://{victim_path}"),
+        String::new(),
+        ".".into(),
+    ];
+    let list_damage = prop_oneof![
+        3 => damage().prop_map(ListDamage::Damaged),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(a, e)| ListDamage::Escape(a, e)),
+    ];
+    // A second list: under a batch id no query reaches, or a valid one.
+    let extra = proptest::option::weighted(
+        0.2,
+        prop_oneof![Just(u64::MAX), MAX_BATCH_ID..=u64::MAX, 1..=MAX_BATCH_ID],
+    );
+    let opened = Reach::default();
+    let refused = Reach::default();
+    run(200, (list_damage, extra), |(damage, extra)| {
+        let io = |e: std::io::Error| TestCaseError::fail(e.to_string());
+        // This case's lists only.
+        for entry in std::fs::read_dir(&pending).map_err(io)? {
+            std::fs::remove_file(entry.map_err(io)?.path()).map_err(io)?;
+        }
+        let bytes = match &damage {
+            ListDamage::Damaged(Damage::Bytes(bytes)) => bytes.clone(),
+            ListDamage::Damaged(Damage::Mutated(edits)) => mutate(&valid_bytes, edits),
+            ListDamage::Damaged(Damage::Json(edits)) => {
+                let mut v = apply_json(valid.clone(), edits);
+                retarget(&mut v, &victim_path);
+                v.to_string().into_bytes()
+            }
+            ListDamage::Escape(add, escape) => {
+                let mut v = valid.clone();
+                if let Some(adds) = v.as_array_mut() {
+                    let n = add % adds.len();
+                    adds[n]["path"] = Value::from(escapes[escape % escapes.len()].clone());
+                }
+                v.to_string().into_bytes()
+            }
+        };
+        std::fs::write(&list, &bytes).map_err(io)?;
+        let extra = extra.map(|id| pending.join(format!("{id:020}.json")));
+        if let Some(extra) = &extra {
+            std::fs::write(extra, &valid_bytes).map_err(io)?;
+        }
+        let is_list = |file: &Path| file == list.as_path() || extra.as_deref() == Some(file);
+        match DeltaSink::new(delta_sink_options(dir.path())) {
+            Ok(mut sink) => {
+                prop_assert!(
+                    !matches!(damage, ListDamage::Escape(..)),
+                    "a list naming a file outside the table was read"
+                );
+                opened.hit();
+                // The replay of batch 0: the files of its list are deleted, the batch written
+                // again. What the list names is checked again before each deletion.
+                // Otherwise written again, or refused with a typed error (an I/O error deleting
+                // a path inside the table that is a folder).
+                if let Err(DeltaSinkError::Checkpoint(CheckpointError::Corrupt { file, .. })) =
+                    sink.write(&sink_batch(0), &schema, std::slice::from_ref(&rows))
+                {
+                    prop_assert!(is_list(file.as_path()), "Corrupt names {}", file.display());
+                }
+            }
+            Err(DeltaSinkError::Checkpoint(CheckpointError::Corrupt { file, reason })) => {
+                prop_assert!(is_list(file.as_path()), "Corrupt names {}", file.display());
+                prop_assert!(!reason.is_empty());
+                refused.hit();
+            }
+            Err(DeltaSinkError::Pending { file, .. }) => {
+                prop_assert!(is_list(file.as_path()), "Pending names {}", file.display());
+            }
+            Err(e) => prop_assert!(false, "not an error naming a pending list: {e}"),
+        }
+        prop_assert_eq!(
+            std::fs::read(&victim).map_err(io)?,
+            b"precious".to_vec(),
+            "the file outside the table changed"
+        );
+        Ok(())
+    });
+    opened.check("a damaged pending list that opens", 200);
+    refused.check("a pending list refused as Corrupt", 200);
+    // The valid list, alone again, opens.
+    for entry in std::fs::read_dir(&pending).expect("pending folder") {
+        std::fs::remove_file(entry.expect("entry").path()).expect("remove");
+    }
+    std::fs::write(&list, &valid_bytes).expect("restore");
+    DeltaSink::new(delta_sink_options(dir.path())).expect("the valid list opens");
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
 }
 
 #[test]

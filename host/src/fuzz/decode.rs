@@ -128,21 +128,8 @@ fn record() -> impl Strategy<Value = Record> {
         )
 }
 
-/// Year, month, day of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 fn date_text(days: i64) -> String {
-    let (y, m, d) = civil(days);
+    let (y, m, d) = crate::calendar::civil_from_days(days);
     format!("{y:04}-{m:02}-{d:02}")
 }
 

@@ -20,20 +20,13 @@ use proptest::prelude::*;
 use super::{Reach, byte_edits, mutate, run};
 use crate::state::{StateError, StateOptions, StateStore, StoreKind};
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
 /// Recomputes the trailing FNV-1a checksum of a record file (the last 8 bytes).
 fn fix_checksum(bytes: &mut [u8]) {
     if bytes.len() < 8 {
         return;
     }
     let at = bytes.len() - 8;
-    let mut hash = FNV_OFFSET;
-    for &b in &bytes[..at] {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(FNV_PRIME);
-    }
+    let hash = crate::fnv::hash(&bytes[..at]);
     bytes[at..].copy_from_slice(&hash.to_le_bytes());
 }
 

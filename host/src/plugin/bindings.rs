@@ -55,3 +55,16 @@ pub(crate) mod merge_sink {
         imports: { default: trappable },
     });
 }
+
+/// The `scalar-function` world: vectorised functions that SQL calls by name.
+pub(crate) mod scalar_function {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "scalar-function",
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+        imports: { default: trappable },
+    });
+}

@@ -267,6 +267,10 @@ impl CompiledCache {
 
     /// Writes `compiled` as artifact `name` with its MAC: a private temporary file renamed
     /// into place, so that readers see the whole artifact or the previous one.
+    ///
+    /// Not `crate::durable`, on purpose: nothing is fsynced, because the cache is only a cache.
+    /// An artifact torn by a power cut fails its MAC in [`Self::load`], which deletes it and
+    /// compiles again, so an fsync of every (multi-megabyte) artifact would buy nothing.
     pub(super) fn store(&self, name: &str, compiled: &[u8]) -> std::io::Result<()> {
         let tag = self.mac(name, compiled).finalize().into_bytes();
         let tmp = self.dir.join(format!(

@@ -9,7 +9,6 @@
 //! instance is poisoned (wasmtime refuses to re-enter it), so it is dropped
 //! and the next batch gets a fresh instance, opened with the same config.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,14 +33,7 @@ use super::merge_capability::{MergeGrants, SharedGrants};
 use super::replay::{BatchSeed, ReplayKey};
 use super::state::{BatchInfo, CallState, HostBatch, HostState};
 use crate::failpoint::{Failpoint, Phase};
-
-/// A host directory made visible to the plugin.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirGrant {
-    pub host: PathBuf,
-    pub guest: String,
-    pub writable: bool,
-}
+use crate::spec::DirGrant;
 
 /// Limits and grants of one plugin instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,25 +110,25 @@ impl PluginUsage {
     }
 }
 
-struct Live<B> {
-    store: Store<HostState>,
-    bindings: B,
+pub(super) struct Live<B> {
+    pub(super) store: Store<HostState>,
+    pub(super) bindings: B,
 }
 
-/// The parts shared by transforms and sinks.
-struct Runtime {
+/// The parts shared by transforms, sinks and scalar functions.
+pub(super) struct Runtime {
     engine: PluginEngine,
-    plugin: LoadedPlugin,
-    options: PluginOptions,
+    pub(super) plugin: LoadedPlugin,
+    pub(super) options: PluginOptions,
     name: Arc<str>,
-    usage: PluginUsage,
+    pub(super) usage: PluginUsage,
     allow_http: Arc<HttpAllowList>,
     /// The sink's granted MERGE tables, shared by its successive instances.
     delta_merge: Option<SharedGrants>,
 }
 
 impl Runtime {
-    fn new(engine: &PluginEngine, plugin: LoadedPlugin, options: PluginOptions) -> Self {
+    pub(super) fn new(engine: &PluginEngine, plugin: LoadedPlugin, options: PluginOptions) -> Self {
         Self {
             engine: engine.clone(),
             plugin,
@@ -153,7 +145,7 @@ impl Runtime {
     }
 
     /// The WASI (and, when granted, wasi:http) imports every plugin links against.
-    fn linker(&self) -> Result<Linker<HostState>, PluginError> {
+    pub(super) fn linker(&self) -> Result<Linker<HostState>, PluginError> {
         let mut linker = Linker::<HostState>::new(self.engine.engine());
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| self.err_instantiate(format!("{e:#}")))?;
@@ -165,7 +157,7 @@ impl Runtime {
     }
 
     /// Books a finished call: its time, fuel and the memory high-water mark.
-    fn account(&mut self, store: &Store<HostState>, started: Instant, fuel_before: u64) {
+    pub(super) fn account(&mut self, store: &Store<HostState>, started: Instant, fuel_before: u64) {
         self.usage.calls += 1;
         self.usage.call_time += started.elapsed();
         self.usage.fuel_consumed += fuel_before.saturating_sub(self.fuel_left(store));
@@ -175,14 +167,14 @@ impl Runtime {
             .max(store.data().limits.peak_bytes());
     }
 
-    fn err_instantiate(&self, e: impl std::fmt::Display) -> PluginError {
+    pub(super) fn err_instantiate(&self, e: impl std::fmt::Display) -> PluginError {
         PluginError::Instantiate {
             plugin: self.options.name.clone(),
             reason: e.to_string(),
         }
     }
 
-    fn new_store(&mut self) -> Result<Store<HostState>, PluginError> {
+    pub(super) fn new_store(&mut self) -> Result<Store<HostState>, PluginError> {
         let sandbox = &self.options.sandbox;
         // Stderr (panic messages end up there) goes to the log, capped.
         let log = PluginLog::new(Arc::clone(&self.name));
@@ -221,7 +213,7 @@ impl Runtime {
     /// Starts the clock of a call (or of instantiation and `open`): the
     /// epoch deadline for guest code, and the same deadline as an instant for
     /// the host calls the epoch cannot interrupt (see `deadline`).
-    fn arm(&self, store: &mut Store<HostState>) -> Result<(), PluginError> {
+    pub(super) fn arm(&self, store: &mut Store<HostState>) -> Result<(), PluginError> {
         let timeout = self.options.sandbox.timeout;
         let ticks = (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) + 1;
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
@@ -242,7 +234,7 @@ impl Runtime {
 
     /// Fuel left in the store; 0 when fuel is not metered (asking wasmtime
     /// then builds an error, which is not free on the per-call path).
-    fn fuel_left(&self, store: &Store<HostState>) -> u64 {
+    pub(super) fn fuel_left(&self, store: &Store<HostState>) -> u64 {
         if self.engine.fuel_enabled() {
             store.get_fuel().unwrap_or(0)
         } else {
@@ -251,7 +243,7 @@ impl Runtime {
     }
 
     /// Turns a wasmtime error (trap, limit, deadline) into a typed error.
-    fn classify(
+    pub(super) fn classify(
         &self,
         store: &Store<HostState>,
         batch_id: u64,
@@ -320,7 +312,7 @@ impl Runtime {
     }
 
     /// The instance holds as many host resources as it may.
-    fn err_resources(&self, batch_id: u64) -> PluginError {
+    pub(super) fn err_resources(&self, batch_id: u64) -> PluginError {
         PluginError::HostBudget {
             plugin: self.options.name.clone(),
             batch_id,
@@ -333,7 +325,7 @@ impl Runtime {
         }
     }
 
-    fn plugin_failure(&self, batch_id: u64, e: wit::PluginError) -> PluginError {
+    pub(super) fn plugin_failure(&self, batch_id: u64, e: wit::PluginError) -> PluginError {
         let kind = match e.kind {
             wit::ErrorKind::Retryable => PluginErrorKind::Retryable,
             wit::ErrorKind::InvalidInput => PluginErrorKind::InvalidInput,
@@ -878,7 +870,7 @@ impl WasmSink {
     }
 }
 
-fn wit_info(info: &BatchInfo) -> wit::BatchInfo {
+pub(super) fn wit_info(info: &BatchInfo) -> wit::BatchInfo {
     wit::BatchInfo {
         query_id: info.query_id.clone(),
         batch_id: info.batch_id,

@@ -18,6 +18,7 @@
 //! - `state`: what a plugin's store holds and the host functions it imports.
 //! - `keyed_state`: the `keyed-state` import of stateful transforms.
 //! - `instance`: one live plugin instance, its limits and its recovery from traps.
+//! - `function`: a scalar-function plugin, which SQL calls once per batch and function.
 //! - `deadline`: the per-call deadline for host calls (sleeps, HTTP, streams).
 //! - `reload`: noticing a new build of a running plugin, and which builds may
 //!   replace which.
@@ -37,6 +38,7 @@ mod convert;
 mod deadline;
 mod engine;
 mod error;
+mod function;
 #[cfg(test)]
 mod fuzz;
 mod grants;
@@ -51,11 +53,13 @@ mod reload;
 mod replay;
 mod state;
 
+pub use crate::spec::DirGrant;
 pub use engine::{EngineOptions, LoadedPlugin, PluginEngine, PoolOptions};
 pub use error::{Budget, PluginError, PluginErrorKind};
+pub use function::{FunctionSignature, SharedFunction, WasmFunction};
 pub use grants::{HttpGrant, env_from_host};
 pub use http_connect::special_address;
-pub use instance::{DirGrant, PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
+pub use instance::{PluginOptions, PluginUsage, Sandbox, WasmSink, WasmTransform};
 pub use reload::{NewBuild, PluginFile};
 pub use replay::ReplayKey;
 pub use state::BatchInfo;

@@ -38,8 +38,9 @@ use crate::operator::stateful::{
 use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{
-    BatchInfo, DirGrant, EngineOptions, PluginEngine, PluginError, PluginFile, PluginOptions,
-    PluginUsage, PoolOptions, ReplayKey, Sandbox, WasmSink, WasmTransform, env_from_host,
+    BatchInfo, EngineOptions, FunctionSignature, PluginEngine, PluginError, PluginFile,
+    PluginOptions, PluginUsage, PoolOptions, ReplayKey, Sandbox, SharedFunction, WasmFunction,
+    WasmSink, WasmTransform, env_from_host,
 };
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
@@ -50,7 +51,7 @@ use crate::spec::{
 use crate::sql::SqlTransform;
 use crate::state::{StateError, StateOptions};
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
-use stage::{QuerySink, Transform};
+use stage::{QuerySink, StatefulStage, Transform};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -254,6 +255,8 @@ pub struct Query {
     transform_inputs: Vec<Option<usize>>,
     /// What surrounds the aggregates of `[aggregate] select`, when it has expressions.
     after_aggregate: Option<SqlTransform>,
+    /// The plugins of `[[function]]`, which the SQL transforms call.
+    functions: Vec<Arc<SharedFunction>>,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -342,7 +345,13 @@ impl Query {
         for (index, spec) in pipeline.sources.iter().enumerate() {
             sources.push(sources::open(spec, index, &checkpoint, last_planned)?);
         }
-        let wasm = || pipeline.transforms.iter().filter_map(TransformSpec::wasm);
+        let wasm = || {
+            pipeline
+                .transforms
+                .iter()
+                .filter_map(TransformSpec::wasm)
+                .chain(pipeline.functions.iter().map(|f| &f.plugin))
+        };
         let fuel = wasm().any(|t| t.limits.fuel.is_some())
             || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
         let memory_limits = wasm()
@@ -362,6 +371,43 @@ impl Query {
         })?;
         // Every plugin of the query draws its random numbers from the checkpoint's secret.
         let replay_key = ReplayKey::new(checkpoint.secret(), checkpoint.secret_since());
+        // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
+        // expression that calls them.
+        let mut functions = Vec::with_capacity(pipeline.functions.len());
+        let mut function_plugins = Vec::with_capacity(pipeline.functions.len());
+        for f in &pipeline.functions {
+            let loaded = engine.load(&f.name, &f.plugin.plugin)?;
+            loaded.check_pin(f.plugin.sha256.as_deref())?;
+            let instance = WasmFunction::open(
+                &engine,
+                loaded,
+                PluginOptions {
+                    name: f.name.clone(),
+                    config_json: f.plugin.config.to_string(),
+                    sandbox: sandbox(
+                        &f.name,
+                        &f.plugin.limits,
+                        &f.plugin.capabilities,
+                        private_networks,
+                    )?,
+                    failpoint: options.failpoint(),
+                    replay_key: replay_key.clone(),
+                },
+                vec![FunctionSignature {
+                    name: f.name.clone(),
+                    arguments: f.arguments.clone(),
+                    returns: f.returns.clone(),
+                }],
+            )?;
+            let shared = SharedFunction::new(instance);
+            functions.push(crate::sql::PluginFunction {
+                name: f.name.clone(),
+                arguments: f.arguments.clone(),
+                returns: f.returns.clone(),
+                call: Some(Arc::clone(&shared) as Arc<dyn crate::sql::PluginCall>),
+            });
+            function_plugins.push(shared);
+        }
         // The transforms of one input first, each on its input's schema; then
         // the inputs meet (a union: they must agree) and the rest apply to all.
         let mut input_schemas: Vec<SchemaRef> =
@@ -400,7 +446,7 @@ impl Query {
             };
             let transform = match &t.kind {
                 TransformKind::Sql { sql } => Transform::Sql(Box::new(
-                    SqlTransform::new(&t.name, sql, in_schema)
+                    SqlTransform::new(&t.name, sql, in_schema, &functions)
                         .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?,
                 )),
                 TransformKind::Wasm(w) => {
@@ -478,7 +524,7 @@ impl Query {
                 a.window.is_some(),
             )
             .map_err(plan_error)?;
-            let before = SqlTransform::new("[aggregate] arguments", &lowered.before, &schema)
+            let before = SqlTransform::new("[aggregate] arguments", &lowered.before, &schema, &[])
                 .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
             schema = Arc::clone(before.output_schema());
             transforms.push(Transform::Sql(Box::new(before)));
@@ -559,7 +605,7 @@ impl Query {
         }
         let after_aggregate = match after_aggregate {
             Some(sql) => {
-                let t = SqlTransform::new("[aggregate] select", &sql, &schema)
+                let t = SqlTransform::new("[aggregate] select", &sql, &schema, &[])
                     .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
                 schema = Arc::clone(t.output_schema());
                 Some(t)
@@ -690,6 +736,7 @@ impl Query {
             transforms,
             transform_inputs,
             after_aggregate,
+            functions: function_plugins,
             stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
@@ -997,13 +1044,8 @@ impl Query {
         let commit_started = Instant::now();
         // State first (version n), then the batch (§3 step 4).
         let mut state_metrics = Vec::new();
-        if let Some(op) = &mut self.stateful {
-            state_metrics.push(op.commit(n)?);
-        }
-        for t in &mut self.transforms {
-            if let Some(state) = t.keyed_state_mut() {
-                state_metrics.push(state.commit(n)?);
-            }
+        for stage in self.stateful_stages_mut() {
+            state_metrics.push(stage.commit(n)?);
         }
         // Each input's watermark moves by its own event times; the query's
         // is their combination (§3.1).
@@ -1168,10 +1210,25 @@ impl Query {
         }
     }
 
+    /// Every stage that keeps state, in the order it is committed: the stateful operator, then
+    /// the transforms' keyed state in pipeline order.
+    fn stateful_stages_mut(&mut self) -> impl Iterator<Item = StatefulStage<'_>> {
+        let operator = self
+            .stateful
+            .iter_mut()
+            .map(|op| StatefulStage::Operator(op.as_mut()));
+        let keyed = self
+            .transforms
+            .iter_mut()
+            .filter_map(|t| t.keyed_state_mut().map(StatefulStage::Keyed));
+        operator.chain(keyed)
+    }
+
     fn plugin_usages(&self) -> Vec<(String, String, PluginUsage)> {
         self.transforms
             .iter()
             .filter_map(Transform::plugin_usage)
+            .chain(self.functions.iter().map(|f| f.usage()))
             .chain(self.sink.plugin_usage())
             .collect()
     }
@@ -1183,14 +1240,14 @@ impl Query {
         let n = info.batch_id;
         let mut outputs: Vec<RecordBatch> = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
-        // Every attempt of a stateful transform starts from the state the
-        // previous batch committed, and expires by this batch's watermark.
-        for t in &mut self.transforms {
-            if let Some(state) = t.keyed_state_mut() {
-                state.load(n.checked_sub(1), entry.batch_watermark_ms)?;
-            }
-        }
         let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
+        // Every attempt starts from the state the previous batch committed (keyed state
+        // expiring by this batch's watermark); loading counts as adding the batch.
+        let load_started = Instant::now();
+        for stage in self.stateful_stages_mut() {
+            stage.load(n.checked_sub(1), entry.batch_watermark_ms)?;
+        }
+        add_batch += load_started.elapsed();
         let none = sources::Recorded::new();
         for (i, source) in self.sources.iter_mut().enumerate() {
             let get_started = Instant::now();
@@ -1249,8 +1306,6 @@ impl Query {
         }
         let add_started = Instant::now();
         if let Some(op) = &mut self.stateful {
-            // Every attempt starts from the state the previous batch committed.
-            op.load(n.checked_sub(1))?;
             let ctx = StatefulContext {
                 batch_id: n,
                 late_ms: entry.late_row_watermark_ms,
@@ -1335,15 +1390,7 @@ fn sandbox(
         memory_bytes: limits.memory_bytes,
         timeout: limits.timeout,
         fuel: limits.fuel,
-        dirs: capabilities
-            .dirs
-            .iter()
-            .map(|d| DirGrant {
-                host: d.host.clone(),
-                guest: d.guest.clone(),
-                writable: d.writable,
-            })
-            .collect(),
+        dirs: capabilities.dirs.clone(),
         env: env_from_host(name, &capabilities.env)?,
         http: capabilities.http.clone(),
         delta_merge: capabilities.delta_merge.clone(),
@@ -1557,12 +1604,9 @@ fn delta_sink(
         }
     };
     let sink = DeltaSink::new(DeltaSinkOptions {
-        path: spec.path.clone(),
+        spec: spec.clone(),
         query_id: query_id.to_owned(),
         mode,
-        partition_by: spec.partition_by.clone(),
-        target_file_size: spec.target_file_size,
-        commit: spec.commit_every,
         pending_dir,
         failpoint,
     })

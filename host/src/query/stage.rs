@@ -2,18 +2,20 @@
 //! held as itself, beside the trait objects of native stages, because the
 //! query does more with it than run it: it replaces the plugin by a new
 //! build (`reload`), reports its usage in progress, and loads and commits
-//! its keyed state with the batch. The traits [`BatchTransform`] and
-//! [`Sink`] stay what every stage is, without optional methods that only
-//! one kind of stage implements.
+//! its keyed state with the batch (a [`StatefulStage`], as the stateful
+//! operator is). The traits [`BatchTransform`] and [`Sink`] stay what every
+//! stage is, without optional methods that only one kind of stage implements.
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use crate::operator::stateful::{OperatorMetrics, StatefulOperator};
 use crate::operator::wasm_state::KeyedState;
 use crate::operator::{BatchTransform, TransformError};
 use crate::plugin::{BatchInfo, PluginUsage, WasmSink, WasmTransform};
 use crate::sink::{PluginSink, Sink, SinkError};
 use crate::sql::SqlTransform;
+use crate::state::StateError;
 
 /// A plugin's name, build (sha256) and usage so far, for progress.
 pub(super) type Usage = (String, String, PluginUsage);
@@ -84,6 +86,33 @@ impl Transform {
         match self {
             Self::Native(_) | Self::Sql(_) => None,
             Self::Wasm(t) => Some(usage(t.name(), t.sha256(), t.usage())),
+        }
+    }
+}
+
+/// A stage whose state the query loads before each batch and commits after it: the
+/// stateful operator (`[aggregate]`, `[deduplicate]`) or the keyed state of a Wasm transform.
+pub(super) enum StatefulStage<'a> {
+    Operator(&'a mut dyn StatefulOperator),
+    Keyed(&'a mut KeyedState),
+}
+
+impl StatefulStage<'_> {
+    /// Restores the state committed by batch `version` (`None`: empty), dropping what an
+    /// earlier attempt wrote, for a batch whose watermark is `watermark_ms` (what keyed
+    /// state expires by; the operator is handed its watermarks with each batch instead).
+    pub(super) fn load(self, version: Option<u64>, watermark_ms: i64) -> Result<(), StateError> {
+        match self {
+            Self::Operator(op) => op.load(version),
+            Self::Keyed(state) => state.load(version, watermark_ms),
+        }
+    }
+
+    /// Commits the state as version `batch_id`, after the sink wrote the batch.
+    pub(super) fn commit(self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
+        match self {
+            Self::Operator(op) => op.commit(batch_id),
+            Self::Keyed(state) => state.commit(batch_id),
         }
     }
 }

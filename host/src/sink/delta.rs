@@ -59,7 +59,7 @@ use deltalake::{DeltaTable, DeltaTableError};
 use crate::checkpoint::{CheckpointError, MAX_BATCH_ID};
 use crate::failpoint::{Failpoint, Phase};
 use crate::plugin::BatchInfo;
-use crate::spec::CommitEvery;
+use crate::spec::{CommitEvery, DeltaSinkSpec};
 
 /// How the sink writes each batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,16 +73,13 @@ pub enum WriteMode {
 /// Settings of a [`DeltaSink`].
 #[derive(Debug, Clone)]
 pub struct DeltaSinkOptions {
-    /// The table's folder (created with the table on the first batch when absent).
-    pub path: PathBuf,
+    /// The pipeline file's `[sink]`: the table's folder (created with the table on the first
+    /// batch when absent), its partition columns, the size Parquet files are cut at, and when
+    /// the sink commits (`commit_every`).
+    pub spec: DeltaSinkSpec,
     /// The query id: the txn action's appId.
     pub query_id: String,
     pub mode: WriteMode,
-    pub partition_by: Vec<String>,
-    /// Parquet files are cut when they reach about this many bytes.
-    pub target_file_size: u64,
-    /// When the sink commits (the pipeline file's `commit_every`).
-    pub commit: CommitEvery,
     /// Where lists of written but not yet committed files are kept (in the checkpoint).
     pub pending_dir: PathBuf,
     pub failpoint: Option<Failpoint>,
@@ -176,14 +173,14 @@ pub struct DeltaSink {
 impl std::fmt::Debug for DeltaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeltaSink")
-            .field("path", &self.options.path)
+            .field("path", &self.options.spec.path)
             .field("pending", &self.pending.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
 
 impl DeltaSink {
-    /// A sink into the table at `options.path`; the pending lists of an earlier run are read.
+    /// A sink into the table at `options.spec.path`; the pending lists of an earlier run are read.
     ///
     /// # Errors
     /// When the runtime cannot start or a pending list cannot be read.
@@ -192,11 +189,11 @@ impl DeltaSink {
             .enable_all()
             .build()
             .map_err(|source| DeltaSinkError::Runtime {
-                table: options.path.clone(),
+                table: options.spec.path.clone(),
                 source,
             })?;
-        let pending = read_pending(&options.path, &options.pending_dir)?;
-        let description = format!("DeltaSink[{}]", options.path.display());
+        let pending = read_pending(&options.spec.path, &options.pending_dir)?;
+        let description = format!("DeltaSink[{}]", options.spec.path.display());
         Ok(Self {
             options,
             runtime,
@@ -216,7 +213,7 @@ impl DeltaSink {
         batch_id: u64,
         op: &'static str,
     ) -> impl Fn(DeltaTableError) -> DeltaSinkError + use<> {
-        let table = self.options.path.clone();
+        let table = self.options.spec.path.clone();
         move |source| DeltaSinkError::Delta {
             table: table.clone(),
             batch_id,
@@ -239,14 +236,14 @@ impl DeltaSink {
         batch_id: u64,
         schema: &SchemaRef,
     ) -> Result<DeltaTable, DeltaSinkError> {
-        let path = &self.options.path;
+        let path = &self.options.spec.path;
         let err = self.delta_error(batch_id, "open the table");
         let url = deltalake::ensure_table_uri(path.to_string_lossy()).map_err(&err)?;
         let table = self
             .runtime
             .block_on(DeltaTable::try_from_url(url))
             .map_err(&err)?;
-        let wanted = self.options.partition_by.join(", ");
+        let wanted = self.options.spec.partition_by.join(", ");
         if table.version().is_some() {
             let existing = table
                 .snapshot()
@@ -263,7 +260,7 @@ impl DeltaSink {
             }
             return Ok(table);
         }
-        for column in &self.options.partition_by {
+        for column in &self.options.spec.partition_by {
             if schema.field_with_name(column).is_err() {
                 let columns: Vec<&str> =
                     schema.fields().iter().map(|f| f.name().as_str()).collect();
@@ -286,7 +283,7 @@ impl DeltaSink {
                     .create()
                     .with_table_name(name)
                     .with_columns(kernel.fields().cloned())
-                    .with_partition_columns(self.options.partition_by.clone())
+                    .with_partition_columns(self.options.spec.partition_by.clone())
                     .into_future(),
             )
             .map_err(&create)
@@ -307,7 +304,7 @@ impl DeltaSink {
         let table = self
             .table
             .as_ref()
-            .ok_or_else(|| unreachable_table(&self.options.path, batch_id))?;
+            .ok_or_else(|| unreachable_table(&self.options.spec.path, batch_id))?;
         let log_store = table.log_store();
         let snapshot = table.snapshot().map_err(&err)?;
         let version = self
@@ -335,12 +332,12 @@ impl DeltaSink {
             for id in done {
                 self.pending.remove(&id);
                 remove_file(
-                    &self.options.path,
+                    &self.options.spec.path,
                     &pending_file(&self.options.pending_dir, id),
                 )?;
             }
             if c >= n {
-                tracing::info!(table = %self.options.path.display(), batch_id = n, txn_version = c, "batch {n} is already in the Delta table: skipped");
+                tracing::info!(table = %self.options.spec.path.display(), batch_id = n, txn_version = c, "batch {n} is already in the Delta table: skipped");
                 return Ok(Written::Skipped);
             }
         }
@@ -349,15 +346,15 @@ impl DeltaSink {
             let list = pending_file(&self.options.pending_dir, n);
             for add in &stale {
                 // Checked when the list was read; checked again right before deleting.
-                let file = table_file(&self.options.path, &add.path).map_err(|why| {
+                let file = table_file(&self.options.spec.path, &add.path).map_err(|why| {
                     CheckpointError::corrupt(&list, format!("add path {:?} {why}", add.path))
                 })?;
-                remove_file(&self.options.path, &file)?;
+                remove_file(&self.options.spec.path, &file)?;
             }
-            remove_file(&self.options.path, &list)?;
+            remove_file(&self.options.spec.path, &list)?;
         }
         let adds = self.write_files(n, schema, batches)?;
-        let due = match (self.options.mode, self.options.commit) {
+        let due = match (self.options.mode, self.options.spec.commit_every) {
             (WriteMode::Complete, _) => true,
             (WriteMode::Append, CommitEvery::Batches(every)) => {
                 self.pending.len() as u64 + 1 >= every.get()
@@ -367,7 +364,7 @@ impl DeltaSink {
             }
         };
         if !due {
-            write_pending(&self.options.path, &self.options.pending_dir, n, &adds)?;
+            write_pending(&self.options.spec.path, &self.options.pending_dir, n, &adds)?;
             self.pending.insert(n, adds);
             return Ok(Written::Pending);
         }
@@ -388,7 +385,7 @@ impl DeltaSink {
             return Ok(None);
         };
         remove_file(
-            &self.options.path,
+            &self.options.spec.path,
             &pending_file(&self.options.pending_dir, last),
         )?;
         self.commit(last, adds).map(Some)
@@ -401,12 +398,12 @@ impl DeltaSink {
         batches: &[RecordBatch],
     ) -> Result<Vec<Add>, DeltaSinkError> {
         let err = self.delta_error(n, "write the batch's Parquet files");
-        let target = self.options.target_file_size;
+        let target = self.options.spec.target_file_size;
         self.ensure_table(n, schema)?;
         let table = self
             .table
             .as_ref()
-            .ok_or_else(|| unreachable_table(&self.options.path, n))?;
+            .ok_or_else(|| unreachable_table(&self.options.spec.path, n))?;
         let mut writer = RecordBatchWriter::for_table(table)
             .map_err(&err)?
             .with_target_file_size(target);
@@ -432,7 +429,7 @@ impl DeltaSink {
         let table = self
             .table
             .as_mut()
-            .ok_or_else(|| unreachable_table(&self.options.path, n))?;
+            .ok_or_else(|| unreachable_table(&self.options.spec.path, n))?;
         if mode == WriteMode::Complete {
             let snapshot = table.snapshot().map_err(&err)?;
             actions.extend(
@@ -475,11 +472,11 @@ impl DeltaSink {
         self.last_commit = Instant::now();
         for id in pending.keys() {
             remove_file(
-                &self.options.path,
+                &self.options.spec.path,
                 &pending_file(&self.options.pending_dir, *id),
             )?;
         }
-        tracing::debug!(table = %self.options.path.display(), batch_id = n, version, "delta commit");
+        tracing::debug!(table = %self.options.spec.path.display(), batch_id = n, version, "delta commit");
         Ok(version)
     }
 }
@@ -738,12 +735,14 @@ mod tests {
 
     fn options(dir: &Path, mode: WriteMode, commit: CommitEvery) -> DeltaSinkOptions {
         DeltaSinkOptions {
-            path: dir.join("table"),
+            spec: DeltaSinkSpec {
+                path: dir.join("table"),
+                partition_by: Vec::new(),
+                target_file_size: 128 << 20,
+                commit_every: commit,
+            },
             query_id: "query-1".into(),
             mode,
-            partition_by: Vec::new(),
-            target_file_size: 128 << 20,
-            commit,
             pending_dir: dir.join("pending"),
             failpoint: None,
         }
@@ -853,7 +852,7 @@ mod tests {
             WriteMode::Complete,
             CommitEvery::Batches(std::num::NonZeroU64::MIN),
         );
-        opts.partition_by = vec!["kind".into()];
+        opts.spec.partition_by = vec!["kind".into()];
         let mut sink = DeltaSink::new(opts).unwrap();
         let schema = batch(&[0]).schema();
         sink.write(&info(0), &schema, &[batch(&[1, 2])]).unwrap();
@@ -879,7 +878,7 @@ mod tests {
             WriteMode::Append,
             CommitEvery::Batches(std::num::NonZeroU64::MIN),
         );
-        opts.partition_by = vec!["region".into()];
+        opts.spec.partition_by = vec!["region".into()];
         let mut sink = DeltaSink::new(opts).unwrap();
         let b = batch(&[1]);
         let err = sink

@@ -768,12 +768,14 @@ mod tests {
 
     fn write(dir: &Path, query: &str, mode: WriteMode, batch_id: u64, ids: &[i64]) {
         let mut sink = DeltaSink::new(DeltaSinkOptions {
-            path: dir.join("table"),
+            spec: crate::spec::DeltaSinkSpec {
+                path: dir.join("table"),
+                partition_by: Vec::new(),
+                target_file_size: 128 << 20,
+                commit_every: crate::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
+            },
             query_id: query.into(),
             mode,
-            partition_by: Vec::new(),
-            target_file_size: 128 << 20,
-            commit: crate::spec::CommitEvery::Batches(std::num::NonZeroU64::MIN),
             pending_dir: dir.join("pending"),
             failpoint: None,
         })

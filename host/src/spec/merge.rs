@@ -72,12 +72,20 @@ mod tests {
 
     #[test]
     fn conditions_are_sql_over_both_rows() {
-        let c = parse_condition("s.occurred_at > t.occurred_at AND s.status <> 'void'", Sides::Both)
-            .unwrap();
-        assert_eq!(c.to_string(), "s.occurred_at > t.occurred_at AND s.status <> 'void'");
+        let c = parse_condition(
+            "s.occurred_at > t.occurred_at AND s.status <> 'void'",
+            Sides::Both,
+        )
+        .unwrap();
+        assert_eq!(
+            c.to_string(),
+            "s.occurred_at > t.occurred_at AND s.status <> 'void'"
+        );
         let e = parse_condition("occurred_at > t.occurred_at", Sides::Both).unwrap_err();
         assert!(
-            e.starts_with("\"occurred_at > t.occurred_at\": the column occurred_at is not qualified"),
+            e.starts_with(
+                "\"occurred_at > t.occurred_at\": the column occurred_at is not qualified"
+            ),
             "{e}"
         );
         let e = parse_condition("t.deleted", Sides::SourceOnly).unwrap_err();

@@ -56,9 +56,7 @@ pub use crate::plugin::HttpGrant;
 pub use crate::state::StoreKind;
 pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
-pub use merge::{
-    MergeDedup, MergeTableSpec, RowCondition, Sides, parse_condition, parse_dedup,
-};
+pub use merge::{MergeDedup, MergeTableSpec, RowCondition, Sides, parse_condition, parse_dedup};
 pub use policy::{Confinement, Policy, confinement_problems, load_policy, parse_policy};
 pub use sink_modes::sink_problems;
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
@@ -73,6 +71,8 @@ pub struct Pipeline {
     pub sources: Vec<SourceSpec>,
     /// The `[[transform]]` tables, in the order they apply.
     pub transforms: Vec<TransformSpec>,
+    /// The `[[function]]` tables: plugins' scalar functions the SQL may call.
+    pub functions: Vec<FunctionSpec>,
     /// The `[watermark]` table.
     pub watermark: Option<WatermarkSpec>,
     /// The `[aggregate]` table.
@@ -325,6 +325,19 @@ pub enum TransformKind {
         /// The statement, as written.
         sql: String,
     },
+}
+
+/// A `[[function]]`: a scalar function that a plugin of world `scalar-function` offers to SQL.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionSpec {
+    /// `name`: the function's SQL name, lower case (SQL names are case-insensitive).
+    pub name: String,
+    /// `arguments`: the types the arguments are cast to before the call.
+    pub arguments: Vec<arrow_schema::DataType>,
+    /// `returns`: the type of its result.
+    pub returns: arrow_schema::DataType,
+    /// The plugin, its config, limits, grants and pin, as for a transform's plugin.
+    pub plugin: WasmTransformSpec,
 }
 
 /// A Wasm plugin transform's settings.

@@ -220,6 +220,12 @@ pub fn confinement_problems(pipeline: &Pipeline, confinement: Confinement<'_>) -
         c.limits(&at, &w.limits);
         c.capabilities(&at, &w.capabilities);
     }
+    for (i, f) in pipeline.functions.iter().enumerate() {
+        let at = format!("function[{i}]");
+        c.path(&format!("{at}.plugin"), &f.plugin.plugin);
+        c.limits(&at, &f.plugin.limits);
+        c.capabilities(&at, &f.plugin.capabilities);
+    }
     match &pipeline.sink {
         SinkSpec::Files { path, .. } => c.path("sink.path", path),
         SinkSpec::Delta(delta) => c.path("sink.path", &delta.path),

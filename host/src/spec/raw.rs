@@ -44,6 +44,7 @@ pub(super) struct RawPipeline {
     pub query: Option<RawQuery>,
     pub source: Option<Vec<RawSource>>,
     pub transform: Option<Vec<RawTransform>>,
+    pub function: Option<Vec<RawFunction>>,
     pub watermark: Option<RawWatermark>,
     pub aggregate: Option<RawAggregate>,
     pub deduplicate: Option<RawDeduplicate>,
@@ -57,6 +58,7 @@ struct RawTop {
     query: Option<RawQuery>,
     source: Option<Vec<Table>>,
     transform: Option<Vec<RawTransform>>,
+    function: Option<Vec<RawFunction>>,
     watermark: Option<RawWatermark>,
     aggregate: Option<RawAggregate>,
     deduplicate: Option<RawDeduplicate>,
@@ -182,6 +184,20 @@ pub(super) struct RawDeltaSource {
 pub(super) struct RawCsv {
     pub header: Option<bool>,
     pub delimiter: Option<String>,
+}
+
+/// One `[[function]]`: a scalar function of a plugin (world `scalar-function`) that SQL calls.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFunction {
+    pub name: Option<String>,
+    pub plugin: Option<String>,
+    pub arguments: Option<Vec<String>>,
+    pub returns: Option<String>,
+    pub config: Option<Table>,
+    pub limits: Option<RawLimits>,
+    pub sha256: Option<String>,
+    pub capabilities: Option<RawCapabilities>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -412,6 +428,7 @@ pub(super) fn read(table: Table, collector: &mut Collector) -> Option<RawPipelin
             query: top.query,
             source: sources,
             transform: top.transform,
+            function: top.function,
             watermark: top.watermark,
             aggregate: top.aggregate,
             deduplicate: top.deduplicate,

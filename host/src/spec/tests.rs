@@ -143,6 +143,7 @@ fn example_round_trips_to_the_expected_pipeline() {
                 capabilities: Capabilities::default(),
             }),
         }],
+        functions: vec![],
         watermark: None,
         aggregate: None,
         deduplicate: None,
@@ -1192,7 +1193,14 @@ fn delta_sink_keys_are_typed_and_checked() {
 #[test]
 fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
     let dir = workspace();
-    let with_sink = |sink: &str| MINIMAL.replace("[sink]\nkind = \"memory\"\n", sink);
+    let with_sink = |sink: &str| {
+        MINIMAL
+            .replace(
+                "schema = \"id BIGINT\"",
+                "schema = \"order_id BIGINT, status STRING, occurred_at TIMESTAMP\"",
+            )
+            .replace("[sink]\nkind = \"memory\"\n", sink)
+    };
     let p = parse_in(
         dir.path(),
         &with_sink(
@@ -1231,6 +1239,25 @@ fn delta_merge_sink_and_capability_keys_are_typed_and_checked() {
             ("sink.when_matched_update".into(), "\"s.at > x.at\": x.at: x is neither s (the batch's row) nor t (the table's row of the same key)".into()),
             ("sink.dedup".into(), "\"first\" is not a dedup policy: use \"none\" or \"latest-by:<column>\"".into()),
         ] as Vec<(String, String)>
+    );
+
+    // Keys and conditions are checked against the rows the sink is given, when the file says
+    // what they are.
+    let found = problems(
+        dir.path(),
+        &with_sink(
+            "[sink]\nkind = \"delta-merge\"\npath = \"t\"\nkeys = [\"id\"]\nwhen_matched_delete = \"s.stauts = 'void'\"\nwhen_not_matched_insert = \"s.status\"\n",
+        ),
+        &[],
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("sink.keys[0]".into(), "\"id\" is not a column of the rows the sink is given (order_id, status, occurred_at, _corrupt_record)".into()),
+            ("sink.when_matched_delete".into(), "\"s.stauts = 'void'\": no column \"s.stauts\" (did you mean s.status?); the columns are s.order_id, s.status, s.occurred_at, s._corrupt_record".into()),
+            ("sink.when_not_matched_insert".into(), "\"s.status\": the condition \"s.status\" is a Utf8 value, not a condition (BOOLEAN)".into()),
+        ] as Vec<(String, String)>,
+        "{found:#?}"
     );
 
     // The same keys as a capability of a plugin sink, one table per name.

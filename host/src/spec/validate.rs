@@ -18,7 +18,7 @@ mod merge;
 use super::duration::parse_duration;
 use super::raw::{
     RawAggregate, RawCapabilities, RawDeduplicate, RawDeltaSink, RawDeltaSource, RawFilesSource,
-    RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink, RawSource, RawTransform,
+    RawFunction, RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink, RawSource, RawTransform,
     RawWatermark, SINK_KINDS, SOURCE_KINDS, source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
@@ -28,9 +28,10 @@ use super::{
 };
 use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
-    DirGrant, FilesSourceSpec, HttpGrant, InputFormat, MalformedPolicy, OutputFormat, OutputMode,
-    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
-    TransformKind, TransformSpec, Trigger, WasmTransformSpec,
+    DirGrant, FilesSourceSpec, FunctionSpec, HttpGrant, InputFormat, MalformedPolicy,
+    MergeTableSpec, OutputFormat, OutputMode, Pipeline, PluginLimits, PluginSinkSpec, Problem,
+    QuerySpec, SinkSpec, SourceKind, SourceSpec, TransformKind, TransformSpec, Trigger,
+    WasmTransformSpec,
 };
 
 /// The largest linear memory a 32-bit Wasm instance can have.
@@ -165,16 +166,22 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         });
     let query = query(raw.query, base, c);
     let sources = sources(raw.source.unwrap_or_default(), base, c);
+    let functions = functions(raw.function.unwrap_or_default(), base, c);
+    // The SQL is checked with the functions that are valid; an invalid one is reported above.
+    let declared = crate::sql::PluginFunction::declared(
+        &functions.iter().flatten().cloned().collect::<Vec<_>>(),
+    );
     let transforms: Vec<Option<TransformSpec>> = raw
         .transform
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(i, t)| transform(i, t, base, c))
+        .map(|(i, t)| transform(i, t, base, &declared, c))
         .collect();
-    if let Some(sources) = &sources {
-        transform_inputs(sources, &transforms, c);
-    }
+    let rows = match &sources {
+        Some(sources) => transform_inputs(sources, &transforms, &declared, c),
+        None => None,
+    };
     let watermark = raw.watermark.map(|w| watermark(w, c));
     let aggregate = raw.aggregate.map(|a| aggregate(a, c));
     let deduplicate = raw.deduplicate.map(|d| deduplicate(d, c));
@@ -205,10 +212,14 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
     );
     let sink = sink(raw.sink, base, c);
     super::sink_modes::check(output_mode, sink.as_ref(), c);
+    if let (Some(SinkSpec::DeltaMerge(spec)), Some(rows), None) = (&sink, &rows, &aggregate) {
+        merge_columns(spec, rows, c);
+    }
     Some(Pipeline {
         query: query?,
         sources: sources?,
         transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
+        functions: functions.into_iter().collect::<Option<Vec<_>>>()?,
         watermark: present(watermark).ok()?,
         aggregate: present(aggregate).ok()?,
         deduplicate: present(deduplicate).ok()?,
@@ -221,11 +232,14 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
 /// those of the whole query (they run before the inputs meet). SQL is planned
 /// against the input's schema wherever the file says it, so unknown columns
 /// and bad types are found here rather than at start.
+///
+/// Returns the schema the transforms hand on once the inputs meet, when it is known.
 fn transform_inputs(
     sources: &[SourceSpec],
     transforms: &[Option<TransformSpec>],
+    functions: &[crate::sql::PluginFunction],
     c: &mut Collector,
-) {
+) -> Option<arrow_schema::SchemaRef> {
     let mut inputs: Vec<Option<arrow_schema::SchemaRef>> = sources
         .iter()
         .map(crate::source::schema_before_open)
@@ -235,7 +249,7 @@ fn transform_inputs(
     let mut first_of_all: Option<usize> = None;
     for (i, t) in transforms.iter().enumerate() {
         // An invalid transform is reported already; what follows it cannot be planned.
-        let Some(t) = t else { return };
+        let Some(t) = t else { return None };
         let schema = match &t.input {
             Some(name) => {
                 let Some(j) = sources.iter().position(|s| &s.name == name) else {
@@ -247,7 +261,7 @@ fn transform_inputs(
                             names.join(", ")
                         ),
                     );
-                    return;
+                    return None;
                 };
                 if let Some(g) = first_of_all {
                     c.push(
@@ -257,25 +271,19 @@ fn transform_inputs(
                              list the transforms of one input first"
                         ),
                     );
-                    return;
+                    return None;
                 }
                 &mut inputs[j]
             }
             None => {
                 first_of_all.get_or_insert(i);
-                met.get_or_insert_with(|| {
-                    let first = inputs.first().cloned().flatten()?;
-                    inputs
-                        .iter()
-                        .all(|s| s.as_ref() == Some(&first))
-                        .then_some(first)
-                })
+                met.get_or_insert_with(|| meet(&inputs))
             }
         };
         match &t.kind {
             TransformKind::Sql { sql } => {
                 if let Some(input) = schema.as_ref() {
-                    match crate::sql::plan_sql(sql, input) {
+                    match crate::sql::plan_sql(sql, input, functions) {
                         Ok(plan) => *schema = Some(Arc::clone(plan.output_schema())),
                         Err(e) => {
                             c.push(&format!("transform[{i}].sql"), e.to_string());
@@ -286,6 +294,54 @@ fn transform_inputs(
             }
             // A plugin's output schema is known once it is loaded.
             TransformKind::Wasm(_) => *schema = None,
+        }
+    }
+    met.unwrap_or_else(|| meet(&inputs))
+}
+
+/// The schema of the unioned inputs: known when every input's is, and they agree.
+fn meet(inputs: &[Option<arrow_schema::SchemaRef>]) -> Option<arrow_schema::SchemaRef> {
+    let first = inputs.first().cloned().flatten()?;
+    inputs
+        .iter()
+        .all(|s| s.as_ref() == Some(&first))
+        .then_some(first)
+}
+
+/// A MERGE sink's keys and conditions against the rows it will be given, when the file says
+/// what they are (no aggregation between, every schema known): a typo in a condition is found
+/// by `weir validate`, not by the first batch.
+fn merge_columns(spec: &MergeTableSpec, rows: &arrow_schema::SchemaRef, c: &mut Collector) {
+    let columns = || {
+        rows.fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (i, key) in spec.keys.iter().enumerate() {
+        if rows.field_with_name(key).is_err() {
+            c.push(
+                &format!("sink.keys[{i}]"),
+                format!(
+                    "{key:?} is not a column of the rows the sink is given ({})",
+                    columns()
+                ),
+            );
+        }
+    }
+    for (name, condition) in [
+        ("when_matched_delete", &spec.when_matched_delete),
+        ("when_matched_update", &spec.when_matched_update),
+        ("when_not_matched_insert", &spec.when_not_matched_insert),
+    ] {
+        if let Some(condition) = condition
+            && let Err(e) = condition.plan(rows)
+        {
+            c.push(
+                &format!("sink.{name}"),
+                format!("{:?}: {e}", condition.to_string()),
+            );
         }
     }
 }
@@ -440,7 +496,8 @@ fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
 /// transform and its aggregates are the operator's.
 fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut Collector) -> bool {
     let empty = Arc::new(arrow_schema::Schema::empty());
-    let lower = |select: &[String]| crate::sql::lower_aggregate(group_by, select, &empty, &[], false);
+    let lower =
+        |select: &[String]| crate::sql::lower_aggregate(group_by, select, &empty, &[], false);
     // The grouping entries alone, then each select entry, so that a problem is reported at its
     // own key.
     if let Err(e) = lower(&[]) {
@@ -466,7 +523,8 @@ fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut C
     };
     let mut ok = true;
     for (part, sql) in [("group_by", &lowered.before), ("select", &lowered.after)] {
-        if let Err(e) = crate::sql::check_sql(sql) {
+        // A plugin's [[function]] is for [[transform]] sql, not [aggregate].
+        if let Err(e) = crate::sql::check_sql(sql, &[]) {
             c.push(&format!("aggregate.{part}"), e.to_string());
             ok = false;
         }
@@ -941,6 +999,7 @@ fn transform(
     index: usize,
     t: RawTransform,
     base: &Path,
+    functions: &[crate::sql::PluginFunction],
     c: &mut Collector,
 ) -> Option<TransformSpec> {
     let label = format!("transform[{index}]");
@@ -972,7 +1031,7 @@ fn transform(
                 );
             }
         }
-        if let Err(e) = crate::sql::check_sql(&sql) {
+        if let Err(e) = crate::sql::check_sql(&sql, functions) {
             c.push(&key("sql"), e.to_string());
             return None;
         }
@@ -1029,6 +1088,108 @@ fn transform(
             sha256: sha256?,
             capabilities: capabilities?,
         }),
+    })
+}
+
+/// The `[[function]]` tables: each a plugin's scalar function with its SQL name and types.
+fn functions(raw: Vec<RawFunction>, base: &Path, c: &mut Collector) -> Vec<Option<FunctionSpec>> {
+    let mut seen: Vec<String> = Vec::new();
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let spec = function(i, f, base, c)?;
+            if seen.contains(&spec.name) {
+                c.push(
+                    &format!("function[{i}].name"),
+                    format!("{:?} is declared twice", spec.name),
+                );
+                return None;
+            }
+            seen.push(spec.name.clone());
+            Some(spec)
+        })
+        .collect()
+}
+
+/// One `[[function]]`.
+fn function(index: usize, f: RawFunction, base: &Path, c: &mut Collector) -> Option<FunctionSpec> {
+    let label = format!("function[{index}]");
+    let key = |k: &str| format!("{label}.{k}");
+    let name = c.required(&key("name"), f.name).and_then(|name| {
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+            && name.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !valid {
+            c.push(
+                &key("name"),
+                format!(
+                    "{name:?} is not a SQL function name: use letters, digits and '_', not starting with a digit"
+                ),
+            );
+            None
+        } else if crate::sql::is_builtin_function(&name) {
+            c.push(
+                &key("name"),
+                format!(
+                    "{name:?} is a built-in SQL function (docs/sql.md): give the plugin's function another name"
+                ),
+            );
+            None
+        } else {
+            Some(name.to_ascii_lowercase())
+        }
+    });
+    let sql_type = |c: &mut Collector, path: &str, text: &str| match super::ddl::parse_schema(
+        &format!("value {text}"),
+    ) {
+        Ok(schema) if schema.fields().len() == 1 => Some(schema.field(0).data_type().clone()),
+        Ok(_) => {
+            c.push(path, format!("{text:?} is not one type"));
+            None
+        }
+        Err(err) => {
+            c.push(path, format!("{text:?}: {err}"));
+            None
+        }
+    };
+    let arguments = c.required(&key("arguments"), f.arguments).and_then(|list| {
+        let types: Vec<Option<arrow_schema::DataType>> = list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| sql_type(c, &format!("{label}.arguments[{i}]"), t))
+            .collect();
+        types.into_iter().collect::<Option<Vec<_>>>()
+    });
+    let returns = c
+        .required(&key("returns"), f.returns)
+        .and_then(|t| sql_type(c, &key("returns"), &t));
+    let plugin = plugin_path(c, &key("plugin"), f.plugin, base);
+    let config = config(c, &key("config"), f.config);
+    let limits = limits(c, &key("limits"), f.limits);
+    let sha256 = sha256(c, &key("sha256"), f.sha256);
+    let capabilities = capabilities(c, &key("capabilities"), f.capabilities, base).filter(|caps| {
+        if caps.delta_merge.is_empty() {
+            return true;
+        }
+        c.push(
+            &key("capabilities.delta_merge"),
+            "MERGE into Delta tables is a sink capability: grant it under [sink.capabilities]",
+        );
+        false
+    });
+    Some(FunctionSpec {
+        name: name?,
+        arguments: arguments?,
+        returns: returns?,
+        plugin: WasmTransformSpec {
+            plugin: plugin?,
+            config: config?,
+            limits: limits?,
+            sha256: sha256?,
+            capabilities: capabilities?,
+        },
     })
 }
 

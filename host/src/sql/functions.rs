@@ -8,17 +8,19 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_array::builder::StringBuilder;
-use arrow_array::{Array, ArrayRef, StringArray};
-use arrow_schema::{DataType, TimeUnit};
+use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use datafusion_common::cast::as_string_array;
-use datafusion_common::{Result as DfResult, ScalarValue, exec_err};
+use datafusion_common::{DataFusionError, Result as DfResult, ScalarValue, exec_err};
 use datafusion_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
+
+use crate::plugin::BatchInfo;
 
 /// The time zone of timestamps Weir's decoders produce.
 pub(crate) const UTC_OFFSET: &str = "+00:00";
@@ -31,8 +33,15 @@ pub(crate) struct Functions {
 }
 
 impl Functions {
-    /// Every function, with the clock functions reading `clock` (µs since the epoch).
+    /// Every built-in function, with the clock functions reading `clock` (µs since the epoch).
     pub(crate) fn new(clock: &BatchClock) -> Self {
+        Self::with_plugins(clock, &[])
+    }
+
+    /// The built-in functions and the plugins' (`[[function]]`), which read the batch they are
+    /// called for from `clock`. A plugin's function never replaces a built-in one: validation
+    /// refuses such a name.
+    pub(crate) fn with_plugins(clock: &BatchClock, plugins: &[PluginFunction]) -> Self {
         let mut scalar = HashMap::new();
         let mut add = |f: Arc<ScalarUDF>| {
             for name in std::iter::once(f.name()).chain(f.aliases().iter().map(String::as_str)) {
@@ -70,6 +79,12 @@ impl Functions {
         add(Arc::new(ScalarUDF::new_from_impl(SparkRegex::new(
             RegexKind::Extract,
         ))));
+        for f in plugins {
+            add(Arc::new(ScalarUDF::new_from_impl(WasmScalar::new(
+                f.clone(),
+                clock.clone(),
+            ))));
+        }
         let aggregate = datafusion_functions_aggregate::all_default_aggregate_functions()
             .iter()
             .flat_map(|f| std::iter::once(f.name().to_owned()).chain(f.aliases().iter().cloned()))
@@ -118,17 +133,152 @@ impl Functions {
     }
 }
 
-/// The batch timestamp the clock functions read, set before each batch.
+/// The batch the functions are evaluated for, set before each batch: its timestamp for the
+/// clock functions, the whole of it for plugins' functions.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct BatchClock(Arc<AtomicI64>);
+pub(crate) struct BatchClock(Arc<AtomicI64>, Arc<Mutex<Option<BatchInfo>>>);
 
 impl BatchClock {
-    pub(crate) fn set(&self, micros: i64) {
-        self.0.store(micros, Ordering::Relaxed);
+    /// Before evaluating a batch.
+    pub(crate) fn begin(&self, info: &BatchInfo) {
+        self.0.store(info.timestamp_micros, Ordering::Relaxed);
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Some(info.clone());
     }
 
     fn micros(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    fn info(&self) -> Option<BatchInfo> {
+        self.1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Calls a plugin's scalar function on one batch of arguments (`plugin::WasmFunction`).
+pub trait PluginCall: Send + Sync + std::fmt::Debug {
+    /// `args` holds one column per argument, of the declared types; the result has one value
+    /// per row of `args`, of the declared type.
+    ///
+    /// # Errors
+    /// The plugin's failure (its own error, a limit, a malformed result), which fails the batch.
+    fn call(
+        &self,
+        name: &str,
+        args: &RecordBatch,
+        info: &BatchInfo,
+    ) -> Result<ArrayRef, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// A plugin's scalar function as SQL sees it: its name and types, and the instance that
+/// computes it (`None` in validation, which plans but never evaluates).
+#[derive(Debug, Clone)]
+pub struct PluginFunction {
+    /// The SQL name, lower case.
+    pub name: String,
+    pub arguments: Vec<DataType>,
+    pub returns: DataType,
+    pub call: Option<Arc<dyn PluginCall>>,
+}
+
+impl PluginFunction {
+    /// The functions the pipeline file declares, for planning without their plugins.
+    pub fn declared(specs: &[crate::spec::FunctionSpec]) -> Vec<Self> {
+        specs
+            .iter()
+            .map(|f| Self {
+                name: f.name.clone(),
+                arguments: f.arguments.clone(),
+                returns: f.returns.clone(),
+                call: None,
+            })
+            .collect()
+    }
+}
+
+/// A plugin's function: its arguments cast to the declared types and handed over as one batch,
+/// one call per batch (a constant argument becomes a column of one repeated value).
+#[derive(Debug)]
+struct WasmScalar {
+    function: PluginFunction,
+    signature: Signature,
+    clock: BatchClock,
+}
+
+impl WasmScalar {
+    fn new(function: PluginFunction, clock: BatchClock) -> Self {
+        // Volatile: a call with constant arguments is not folded at planning time, when there
+        // is no batch to call the plugin for.
+        let signature = if function.arguments.is_empty() {
+            Signature::nullary(Volatility::Volatile)
+        } else {
+            Signature::exact(function.arguments.clone(), Volatility::Volatile)
+        };
+        Self {
+            function,
+            signature,
+            clock,
+        }
+    }
+}
+
+impl PartialEq for WasmScalar {
+    fn eq(&self, other: &Self) -> bool {
+        self.function.name == other.function.name && Arc::ptr_eq(&self.clock.1, &other.clock.1)
+    }
+}
+
+impl Eq for WasmScalar {}
+
+impl Hash for WasmScalar {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.function.name.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for WasmScalar {
+    fn name(&self) -> &str {
+        &self.function.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(self.function.returns.clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let name = &self.function.name;
+        let Some(call) = &self.function.call else {
+            return exec_err!("{name}() is declared, but its plugin is not running");
+        };
+        let Some(info) = self.clock.info() else {
+            return exec_err!("{name}() was called outside a batch");
+        };
+        let rows = args.number_rows;
+        let mut fields = Vec::with_capacity(args.args.len());
+        let mut columns = Vec::with_capacity(args.args.len());
+        for (i, (value, declared)) in args.args.iter().zip(&self.function.arguments).enumerate() {
+            let mut array = value.to_array(rows)?;
+            if array.data_type() != declared {
+                array = arrow_cast::cast(&array, declared)?;
+            }
+            fields.push(Field::new(format!("arg{i}"), declared.clone(), true));
+            columns.push(array);
+        }
+        let batch = RecordBatch::try_new_with_options(
+            Arc::new(Schema::new(fields)),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
+        let out = call
+            .call(name, &batch, &info)
+            .map_err(DataFusionError::External)?;
+        Ok(ColumnarValue::Array(out))
     }
 }
 
@@ -321,7 +471,7 @@ impl ScalarUDFImpl for DecimalRound {
                 let integral = i16::from(*p) - i16::from(*s) + 1;
                 let precision =
                     u8::try_from((integral + i16::from(scale)).clamp(1, 38)).unwrap_or(38);
-                Ok(Arc::new(arrow_schema::Field::new(
+                Ok(Arc::new(Field::new(
                     self.name(),
                     DataType::Decimal128(precision, scale),
                     inner.is_nullable(),
@@ -340,7 +490,7 @@ impl ScalarUDFImpl for DecimalRound {
             .iter()
             .map(|f| f.data_type().clone())
             .collect();
-        args.return_field = Arc::new(arrow_schema::Field::new(
+        args.return_field = Arc::new(Field::new(
             self.name(),
             self.inner.return_type(&types)?,
             true,
@@ -468,9 +618,7 @@ impl ScalarUDFImpl for SparkRegex {
 
 fn compile(pattern: &str) -> DfResult<regex::Regex> {
     regex::Regex::new(pattern).map_err(|e| {
-        datafusion_common::DataFusionError::Execution(format!(
-            "invalid regular expression {pattern:?}: {e}"
-        ))
+        DataFusionError::Execution(format!("invalid regular expression {pattern:?}: {e}"))
     })
 }
 

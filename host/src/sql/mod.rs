@@ -18,8 +18,16 @@ mod transform;
 
 pub use aggregate::{Lowered, lower as lower_aggregate, needs_lowering};
 pub use condition::{ConditionPlan, RowCondition, Sides};
+pub use functions::{PluginCall, PluginFunction};
 pub use plan::{INPUT_TABLE, PlanError, SqlPlan, plan_sql};
 pub use transform::SqlTransform;
+
+/// Whether `name` (any case) is a function of Weir's SQL, scalar or aggregate: a plugin's
+/// `[[function]]` may not take such a name.
+pub fn is_builtin_function(name: &str) -> bool {
+    let functions = functions::Functions::new(&functions::BatchClock::default());
+    functions.scalar(name).is_some() || functions.is_aggregate(name)
+}
 
 /// A SQL transform that could not be planned or failed a batch.
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +61,8 @@ impl SqlError {
 ///
 /// # Errors
 /// The first [`PlanError`] found.
-pub fn check_sql(sql: &str) -> Result<(), PlanError> {
-    let functions = functions::Functions::new(&functions::BatchClock::default());
+pub fn check_sql(sql: &str, plugins: &[PluginFunction]) -> Result<(), PlanError> {
+    let functions = functions::Functions::with_plugins(&functions::BatchClock::default(), plugins);
     plan::check(sql, &functions).map(drop)
 }
 

@@ -74,11 +74,17 @@ pub enum PlanError {
     },
     #[error("two output columns are named {0:?}: give one of them another name with AS")]
     DuplicateColumn(String),
-    #[error("the column {column} is not qualified: write s.{column} for the batch's row or t.{column} for the table's")]
+    #[error(
+        "the column {column} is not qualified: write s.{column} for the batch's row or t.{column} for the table's"
+    )]
     Unqualified { column: String },
-    #[error("{column}: {side} is neither s (the batch's row) nor t (the table's row of the same key)")]
+    #[error(
+        "{column}: {side} is neither s (the batch's row) nor t (the table's row of the same key)"
+    )]
     UnknownSide { column: String, side: String },
-    #[error("{what} is not supported in a MERGE condition: it compares one row of the batch (s.) with the table's row of the same key (t.)")]
+    #[error(
+        "{what} is not supported in a MERGE condition: it compares one row of the batch (s.) with the table's row of the same key (t.)"
+    )]
     NotInCondition { what: String },
     #[error("no column {column:?}{}; the columns are {}", nearest_text(.nearest), .columns.join(", "))]
     UnknownRowColumn {
@@ -662,11 +668,16 @@ impl ContextProvider for Provider<'_> {
     }
 }
 
-/// Checks and plans `sql` in one go, with its own clock (for validation).
+/// Checks and plans `sql` in one go, with its own clock (for validation): `plugins` are the
+/// `[[function]]`s it may call besides the built-in functions.
 ///
 /// # Errors
 /// As [`check`] and [`plan`].
-pub fn plan_sql(sql: &str, input: &SchemaRef) -> Result<SqlPlan, PlanError> {
-    let functions = Functions::new(&BatchClock::default());
+pub fn plan_sql(
+    sql: &str,
+    input: &SchemaRef,
+    plugins: &[super::PluginFunction],
+) -> Result<SqlPlan, PlanError> {
+    let functions = Functions::with_plugins(&BatchClock::default(), plugins);
     plan(&check(sql, &functions)?, input, &functions)
 }

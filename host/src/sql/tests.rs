@@ -64,13 +64,13 @@ fn info(batch_id: u64, timestamp_micros: i64) -> BatchInfo {
 }
 
 fn run(sql: &str) -> RecordBatch {
-    let mut t = SqlTransform::new("t", sql, &orders_schema()).unwrap();
+    let mut t = SqlTransform::new("t", sql, &orders_schema(), &[]).unwrap();
     t.process(&orders(), &info(0, 1_700_000_000_000_000))
         .unwrap()
 }
 
 fn refusal(sql: &str) -> String {
-    match check_sql(sql).and_then(|()| plan_sql(sql, &orders_schema()).map(drop)) {
+    match check_sql(sql, &[]).and_then(|()| plan_sql(sql, &orders_schema(), &[]).map(drop)) {
         Ok(()) => panic!("{sql} was accepted"),
         Err(e) => e.to_string(),
     }
@@ -126,7 +126,7 @@ fn decimal_arithmetic_stays_exact() {
 #[test]
 fn the_clock_is_the_batch_timestamp() {
     let sql = "SELECT current_timestamp() AS a, now() AS b, current_date() AS d FROM input";
-    let mut t = SqlTransform::new("t", sql, &orders_schema()).unwrap();
+    let mut t = SqlTransform::new("t", sql, &orders_schema(), &[]).unwrap();
     let first = t
         .process(&orders(), &info(3, 1_700_000_000_123_456))
         .unwrap();
@@ -265,6 +265,7 @@ fn a_failing_expression_fails_the_batch_with_its_name() {
         "casts",
         "SELECT CAST(status AS BIGINT) AS n FROM input",
         &orders_schema(),
+        &[],
     )
     .unwrap();
     let e = t.process(&orders(), &info(7, 0)).unwrap_err();
@@ -279,7 +280,7 @@ fn a_failing_expression_fails_the_batch_with_its_name() {
 #[test]
 fn syntax_errors_are_reported() {
     assert!(matches!(
-        check_sql("SELEC * FROM input"),
+        check_sql("SELEC * FROM input", &[]),
         Err(PlanError::Syntax(_))
     ));
 }

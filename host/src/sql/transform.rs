@@ -9,7 +9,7 @@ use arrow_select::filter::filter_record_batch;
 use datafusion_common::cast::as_boolean_array;
 
 use super::SqlError;
-use super::functions::{BatchClock, Functions};
+use super::functions::{BatchClock, Functions, PluginFunction};
 use super::plan::{self, Checked, SqlPlan};
 use crate::plugin::BatchInfo;
 
@@ -32,13 +32,19 @@ impl std::fmt::Debug for SqlTransform {
 }
 
 impl SqlTransform {
-    /// Checks and plans `sql` against `input`.
+    /// Checks and plans `sql` against `input`; it may call `plugins`' functions besides the
+    /// built-in ones.
     ///
     /// # Errors
     /// [`SqlError::Plan`] naming the transform and the problem.
-    pub fn new(name: &str, sql: &str, input: &SchemaRef) -> Result<Self, SqlError> {
+    pub fn new(
+        name: &str,
+        sql: &str,
+        input: &SchemaRef,
+        plugins: &[PluginFunction],
+    ) -> Result<Self, SqlError> {
         let clock = BatchClock::default();
-        let functions = Functions::new(&clock);
+        let functions = Functions::with_plugins(&clock, plugins);
         let fail = |error| SqlError::Plan {
             transform: name.to_owned(),
             error,
@@ -85,7 +91,7 @@ impl SqlTransform {
             self.plan =
                 plan::plan(&self.checked, batch.schema_ref(), &self.functions).map_err(fail)?;
         }
-        self.clock.set(info.timestamp_micros);
+        self.clock.begin(info);
         let fail = |e: &dyn std::fmt::Display| SqlError::Evaluate {
             transform: self.name.clone(),
             batch_id: info.batch_id,

@@ -88,7 +88,7 @@ pub enum DeltaMergeError {
     Plan {
         table: PathBuf,
         batch_id: u64,
-        source: PlanError,
+        source: Box<PlanError>,
     },
     #[error("delta merge into {}, batch {batch_id}: file {}: {message}", table.display(), file.display())]
     File {
@@ -338,7 +338,7 @@ impl DeltaMerge {
                     DeltaMergeError::Plan {
                         table: path.clone(),
                         batch_id,
-                        source,
+                        source: Box::new(source),
                     }
                 })?);
                 self.conditions = Some((Arc::clone(&schema), Arc::clone(&c)));
@@ -355,7 +355,7 @@ impl DeltaMerge {
             plan::RunError::Plan(source) => DeltaMergeError::Plan {
                 table: path.clone(),
                 batch_id,
-                source,
+                source: Box::new(source),
             },
             plan::RunError::Target(e) => e,
         })?;
@@ -452,7 +452,10 @@ impl DeltaMerge {
                 .collect(),
             not_matched_predicates: vec![MergePredicate {
                 action_type: "insert".into(),
-                predicate: spec.when_not_matched_insert.as_ref().map(ToString::to_string),
+                predicate: spec
+                    .when_not_matched_insert
+                    .as_ref()
+                    .map(ToString::to_string),
             }],
             not_matched_by_source_predicates: Vec::new(),
         };

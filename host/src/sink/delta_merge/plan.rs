@@ -15,7 +15,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{ArrayRef, BooleanArray, Datum, RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{ArrowError, SortOptions};
@@ -125,7 +125,10 @@ impl Conditions {
     ///
     /// # Errors
     /// [`PlanError::ConditionPlan`] naming the clause.
-    pub fn plan(spec: &MergeTableSpec, schema: &arrow_schema::SchemaRef) -> Result<Self, PlanError> {
+    pub fn plan(
+        spec: &MergeTableSpec,
+        schema: &arrow_schema::SchemaRef,
+    ) -> Result<Self, PlanError> {
         let one = |clause: &'static str, c: &Option<crate::spec::RowCondition>| {
             c.as_ref()
                 .map(|c| {
@@ -336,7 +339,9 @@ impl Plan<'_> {
         if let Some(c) = &self.conditions.insert
             && inserts.num_rows() > 0
         {
-            let all = UInt32Array::from_iter_values(0..u32::try_from(inserts.num_rows()).unwrap_or(u32::MAX));
+            let all = UInt32Array::from_iter_values(
+                0..u32::try_from(inserts.num_rows()).unwrap_or(u32::MAX),
+            );
             let keep = holds("when_not_matched_insert", c, &inserts, &all, None)?;
             let before = inserts.num_rows();
             inserts = arrow_select::filter::filter_record_batch(&inserts, &keep)
@@ -688,14 +693,14 @@ mod tests {
     #[test]
     fn deletes_come_before_updates_and_inserts_have_their_own_condition() {
         let keys = vec!["id".to_owned()];
-        let conditions = conditions(
+        let clauses = conditions(
             Some("s.at > t.at AND t.status <> 'final'"),
             Some("s.status = 'cancelled'"),
             Some("s.status <> 'cancelled' AND s.at % 2 = 0"),
         );
         let plan = Plan {
             keys: &keys,
-            conditions: &conditions,
+            conditions: &clauses,
             dedup: &MergeDedup::Refuse,
         };
         let mut files = Files {
@@ -708,12 +713,12 @@ mod tests {
         let counts = plan
             .run(
                 &batch(&[
-                    (1, "paid", 11),      // newer: update
-                    (2, "paid", 11),      // the table's row is final: skipped
-                    (3, "cancelled", 1),  // deleted, though older (delete comes first)
-                    (5, "new", 2),        // new, even: inserted
-                    (6, "new", 3),        // new, odd: not inserted
-                    (7, "cancelled", 4),  // new but cancelled: not inserted
+                    (1, "paid", 11),     // newer: update
+                    (2, "paid", 11),     // the table's row is final: skipped
+                    (3, "cancelled", 1), // deleted, though older (delete comes first)
+                    (5, "new", 2),       // new, even: inserted
+                    (6, "new", 3),       // new, odd: not inserted
+                    (7, "cancelled", 4), // new but cancelled: not inserted
                 ]),
                 &mut files,
             )
@@ -732,16 +737,22 @@ mod tests {
         assert_eq!(files.rewritten, vec![0], "file 1 (key 4) is untouched");
         assert_eq!(
             contents(&files),
-            rows(&[(1, "paid", 11), (2, "final", 10), (4, "new", 10), (5, "new", 2)])
+            rows(&[
+                (1, "paid", 11),
+                (2, "final", 10),
+                (4, "new", 10),
+                (5, "new", 2)
+            ])
         );
         // A file whose every row is deleted is rewritten empty.
-        let conditions = conditions(None, Some("true"), None);
-        let plan = Plan {
+        let delete_all = conditions(None, Some("true"), None);
+        let counts = Plan {
             keys: &keys,
-            conditions: &conditions,
+            conditions: &delete_all,
             dedup: &MergeDedup::Refuse,
-        };
-        let counts = plan.run(&batch(&[(4, "x", 0)]), &mut files).unwrap();
+        }
+        .run(&batch(&[(4, "x", 0)]), &mut files)
+        .unwrap();
         assert_eq!((counts.deleted, counts.updated, counts.inserted), (1, 0, 0));
         assert_eq!(files.files[1].num_rows(), 0);
     }
@@ -764,7 +775,9 @@ mod tests {
         };
         let text = err.to_string();
         assert!(
-            text.starts_with("the when_matched_update condition \"CAST(s.status AS INT) > t.at\" failed: "),
+            text.starts_with(
+                "the when_matched_update condition \"CAST(s.status AS INT) > t.at\" failed: "
+            ),
             "{text}"
         );
     }
