@@ -10,7 +10,10 @@ What it does, in this order:
 
 1. Generates the input with the bookshop-orders generator (``gen_orders.py`` of the shared bench
    folder, seeded, so the bytes are always the same) into ``input/`` beside this script, and the
-   generator's manifest into ``input.manifest.json``. ``--reuse-input`` keeps the committed input.
+   generator's manifest into ``input.manifest.json``; and the customers dimension the join cases
+   read as a static table (``input_customers/customers.json``, made by this script, seeded: see
+   ``generate_customers``). ``--reuse-input`` keeps the committed input (and the customers, if
+   present).
 2. Copies ``input/`` to a scratch folder and sets the modification time of the i-th file (in name
    order) to ``MTIME_BASE + i``: git keeps no mtimes, and Spark's file source reads oldest first, so
    the Rust test does exactly the same before it runs Weir.
@@ -30,7 +33,8 @@ What it does, in this order:
    fraction when it is zero, else milliseconds, or microseconds if the value has any); decimals in
    plain form with their scale (``123.40``); null is an empty field.
    After each case it records in ``hashes.json`` the case's output mode and keys, the pyspark and
-   Java versions, the SHA-256 of the input it read and of each file above. ``tests/tests/golden.rs``
+   Java versions, the SHA-256 of the input it read (and of each static table it joined) and of
+   each file above. ``tests/tests/golden.rs``
    checks those hashes and that ``expected.csv`` is what ``batches.csv`` implies, so a golden
    file edited by hand fails the tests: this script is their only writer.
 5. Checks the documented refusals (e.g. a distinct aggregation on a stream) still happen, and writes
@@ -78,6 +82,83 @@ HASHES = os.path.join(HERE, "hashes.json")
 CASE_FILES = ["batches.csv", "expected.csv", "pipeline.toml", "progress.csv"]
 
 WATERMARK = "10 minutes"
+
+# The static side of the stream-static join cases: a customers dimension, JSON lines in
+# `input_customers/` (a folder beside `input/`, so the orders input and its hashes are untouched),
+# read by Spark with `spark.read.schema(CUSTOMERS_SCHEMA).json(folder)` (PERMISSIVE) and by Weir as
+# a `[[table]]` of kind `files`. Made by `generate_customers` from CUSTOMERS_SEED: the same bytes on
+# every run. The orders reference customer ids 1..2040 (`--customers 2000`, +2 %); the dimension
+# holds 1..CUSTOMERS_IDS, so the orders of 1501..2040 have no customer.
+CUSTOMERS_DIR = os.path.join(HERE, "input_customers")
+CUSTOMERS_FILE = "customers.json"
+CUSTOMERS_SCHEMA = "customer_id BIGINT, name STRING, country STRING, tier STRING"
+CUSTOMERS_SEED = 20240302
+CUSTOMERS_IDS = 1500
+# Ids with a second row (a join emits two rows for each of their orders); all occur in the orders.
+CUSTOMERS_DUPLICATES = [7, 777, 1234]
+COUNTRIES = ["DE", "FR", "GB", "US", "NL", "ES", "IT", "PL", "SE", "JP"]
+TIERS = ["bronze", "silver", "gold", "platinum"]
+# Lines after customer `id` (key) that are not plain customers: null keys, missing fields, text that
+# needs CSV quoting, and malformed lines. Spark (PERMISSIVE, explicit schema) reads the truncated and
+# the garbage line as all-null rows, and the id given as a JSON string as a row whose customer_id is
+# null (a string is no BIGINT): none of them matches an order (a null key never does), so an inner,
+# left, left semi or left anti join with the stream on the left shows none of them; Weir drops them.
+CUSTOMERS_SPECIAL = {
+    12: ['{"customer_id":null,"name":"Nobody","country":"ZZ","tier":"none"}'],
+    42: ['{"name":"No id at all","country":"ZZ","tier":"none"}'],
+    300: ['{"customer_id":1501,"name":"Truncated'],          # malformed: cut off; 1501 is in the orders
+    900: ['#### not json ####'],                                 # malformed
+    1100: ['{"customer_id":"1502","name":"Id as text","country":"DE","tier":"gold"}'],  # 1502: orders
+}
+
+
+def customer_line(cid, rng, second=False):
+    """One customer as a JSON line, from `rng` (random.Random: the same draws on every Python)."""
+    country = COUNTRIES[int(rng.random() * len(COUNTRIES))]
+    tier = TIERS[int(rng.random() * len(TIERS))]
+    name = f"Customer {cid:06d}" + (" (second row)" if second else "")
+    fields = {"customer_id": cid, "name": name, "country": country, "tier": tier}
+    # A few customers (all with orders) whose fields test the reading and the CSV.
+    if cid == 101:
+        fields["name"] = 'Doe, "Jo" & Co'          # a comma and quotes: quoted in the CSV
+    elif cid == 103:
+        fields["name"] = "Zoë Müller"                # not ASCII
+    elif cid == 104:
+        del fields["country"]                        # a missing field: null
+    elif cid == 105:
+        fields["tier"] = None                        # an explicit null
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+
+
+def generate_customers(folder):
+    """Writes the customers dimension (see CUSTOMERS_*) into `folder`."""
+    import random
+    rng = random.Random(CUSTOMERS_SEED)
+    lines = []
+    for cid in range(1, CUSTOMERS_IDS + 1):
+        lines.append(customer_line(cid, rng))
+        if cid in CUSTOMERS_DUPLICATES:
+            lines.append(customer_line(cid, rng, second=True))
+        lines.extend(CUSTOMERS_SPECIAL.get(cid, []))
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    with open(os.path.join(folder, CUSTOMERS_FILE), "w", encoding="utf-8", newline="\n") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def customers_summary():
+    return {
+        "path": os.path.basename(CUSTOMERS_DIR), "files": [CUSTOMERS_FILE], "schema": CUSTOMERS_SCHEMA,
+        "seed": CUSTOMERS_SEED, "customer_ids": [1, CUSTOMERS_IDS],
+        "duplicate_ids": CUSTOMERS_DUPLICATES,
+        "special_lines": {str(k): v for k, v in CUSTOMERS_SPECIAL.items()},
+    }
+
+
+def read_customers(spark):
+    """The static side, as the guide reads it (Spark lists and reads it again every micro-batch)."""
+    return spark.read.schema(CUSTOMERS_SCHEMA).option("mode", "PERMISSIVE").json(CUSTOMERS_DIR)
 
 # The SQL transform case: the same statement text runs on Spark (over a temporary view named
 # `input`) and on Weir (`[[transform]] sql`).
@@ -157,6 +238,26 @@ def cases(F):
 
     expr_select = "[" + ", ".join(f'"{e}"' for e in EXPR_SELECT) + "]"
 
+    # Stream-static joins (the guide's `orders.join(customers, "customer_id", "left")`): a using-join
+    # gives the `on` column, then the stream's other columns, then the table's.
+    def join(how):
+        return lambda df: df.join(read_customers(df.sparkSession), "customer_id", how)
+
+    join_cols = ["customer_id"] + [c for c in ORDER_COLUMNS if c != "customer_id"]
+    joined_cols = join_cols + ["name", "country", "tier"]
+
+    def join_toml(how):
+        return (f'[[table]]\nname = "customers"\nkind = "files"\npath = "../{os.path.basename(CUSTOMERS_DIR)}"\n'
+                f'format = "json"\nschema = "{CUSTOMERS_SCHEMA}"\n\n'
+                f'[join]\nleft = "orders"\nright = "customers"\ntype = "{how}"\non = ["customer_id"]\n')
+
+    def join_case(how, columns, about):
+        return dict(query=join(how), mode="append", columns=columns, keys=None, watermark=False,
+                    state_store="memory", tables=["customers"], check_columns=True,
+                    about=f'orders.join(spark.read.schema(...).json(customers), "customer_id", "{how}"), '
+                          f"the static side re-read every micro-batch; {about}append",
+                    weir=join_toml(how))
+
     wm_toml = f'[watermark]\ncolumn = "occurred_at"\ndelay = "{WATERMARK}"\n'
     return {
         "revenue_append": dict(
@@ -222,6 +323,10 @@ def cases(F):
             state_store="memory",
             about="as status_complete, in update mode",
             weir=f'[aggregate]\ngroup_by = ["status"]\nselect = {status_select}\n'),
+        "join_customers_left": join_case("left", joined_cols, "the guide's enrichment; "),
+        "join_customers_inner": join_case("inner", joined_cols, ""),
+        "join_customers_left_semi": join_case("left_semi", join_cols, "the orders that have a customer, once; "),
+        "join_customers_left_anti": join_case("left_anti", join_cols, "the orders without a customer; "),
     }
 
 
@@ -360,6 +465,8 @@ def run_case(spark, F, T, name, case, data_dir, work):
         emitted[batch_id] = text_rows(F, T, batch_df, case["columns"])
 
     df = case["query"](stream(spark, data_dir))
+    if case.get("check_columns") and df.columns != case["columns"]:
+        raise RuntimeError(f"{name}: Spark's columns are {df.columns}, the case says {case['columns']}")
     q = (df.writeStream.foreachBatch(capture).outputMode(case["mode"])
          .option("checkpointLocation", os.path.join(work, name, "checkpoint"))
          .trigger(availableNow=True).queryName(f"golden_{name}").start())
@@ -426,14 +533,20 @@ def record_hashes(name, case, input_dir, versions):
     except FileNotFoundError:
         hashes = {}
     files, digest = input_hashes(input_dir)
+    table_files, table_digest = input_hashes(CUSTOMERS_DIR) if os.path.isdir(CUSTOMERS_DIR) else ({}, None)
     hashes["about"] = ("Written by make_golden.py after each case; tests/tests/golden.rs checks it. "
                        "Never edit the golden files or this one by hand: rerun make_golden.py.")
     hashes["input"] = files
+    # The static tables' files, per table (folder `input_<table>/`).
+    hashes["tables"] = {"customers": table_files}
     cases_ = hashes.setdefault("cases", {})
     cases_[name] = {
         "mode": case["mode"], "keys": case["keys"], **versions, "input": digest,
         "files": {f: sha256_file(os.path.join(HERE, name, f)) for f in CASE_FILES},
     }
+    if case.get("tables"):
+        assert case["tables"] == ["customers"], case["tables"]
+        cases_[name]["tables"] = {"customers": table_digest}
     hashes["cases"] = dict(sorted(cases_.items()))
     with open(HASHES, "w", encoding="utf-8", newline="\n") as fh:
         json.dump(hashes, fh, indent=1, sort_keys=True)
@@ -503,6 +616,8 @@ def main(argv=None):
 
     if not a.reuse_input:
         generate_input(a.gen_orders, input_dir)
+    if not a.reuse_input or not os.path.isdir(CUSTOMERS_DIR):
+        generate_customers(CUSTOMERS_DIR)
 
     work = a.work or tempfile.mkdtemp(prefix="weir-golden-")
     try:
@@ -533,6 +648,7 @@ def main(argv=None):
             "maxFilesPerTrigger": 1, "trigger": "availableNow", "schema": SCHEMA_DDL, "mode": "PERMISSIVE",
             "gen_orders_args": GEN_ARGS, "input_files": names, "mtime_base": MTIME_BASE,
             "refused_by_spark": refusals,
+            "tables": {"customers": customers_summary()},
         }
         if not a.cases:
             info["cases"] = summary

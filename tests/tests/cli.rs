@@ -525,3 +525,74 @@ fn a_writable_grant_may_not_overlap_the_checkpoint_or_the_plugin_cache() -> Resu
     }
     Ok(())
 }
+
+/// A folder of Parquet files as a stream (`format = "parquet"`): the orders written as Parquet
+/// by one query are read back by another, with and without `schema`, into the same JSON rows
+/// as the JSON orders make directly.
+#[test]
+fn a_folder_of_parquet_files_is_a_source() -> Result<()> {
+    let ws = Workspace::new(3, 40)?;
+    let cache = cache();
+    let expected = weir_tests::files_reference(&ws, EXE, &cache)?;
+    let query = |tag: &str, source: &str, sink: &str| {
+        format!(
+            "[query]\nname = \"{tag}\"\ncheckpoint = \"checkpoints/{tag}\"\ntrigger = \"available-now\"\n\n\
+             [[source]]\nname = \"orders\"\nkind = \"files\"\n{source}\n\n{sink}"
+        )
+    };
+    let to_parquet = ws.pipeline(
+        "to_parquet.toml",
+        &query(
+            "to_parquet",
+            &format!(
+                "path = \"data/orders\"\nformat = \"json\"\nschema = \"{}\"\non_malformed = \"drop\"\nmax_files_per_trigger = 1",
+                weir_tests::SCHEMA
+            ),
+            "[sink]\nkind = \"files\"\npath = \"out/parquet\"\nformat = \"parquet\"\n",
+        ),
+    )?;
+    weir_tests::run_ok(EXE, &cache, &to_parquet, &[])?;
+    for (tag, schema) in [
+        ("inferred", String::new()),
+        ("declared", format!("\nschema = \"{}\"", weir_tests::SCHEMA)),
+    ] {
+        let from_parquet = ws.pipeline(
+            &format!("{tag}.toml"),
+            &query(
+                tag,
+                &format!("path = \"out/parquet\"\nformat = \"parquet\"\nmax_files_per_trigger = 1{schema}"),
+                &weir_tests::files_sink(tag),
+            ),
+        )?;
+        let validated = weir(
+            EXE,
+            &cache,
+            &["validate", from_parquet.to_str().unwrap_or_default()],
+        )?;
+        assert!(
+            validated.status.success(),
+            "{tag}: {}",
+            String::from_utf8_lossy(&validated.stderr)
+        );
+        weir_tests::run_ok(EXE, &cache, &from_parquet, &[])?;
+        let got = weir_tests::sorted_output(&ws.path().join("out").join(tag))?;
+        assert_eq!(got, expected, "{tag}");
+    }
+    // Without `schema` and without a file to take it from: refused when the query starts.
+    let empty = ws.pipeline(
+        "empty.toml",
+        &query(
+            "empty",
+            "path = \"out/nothing\"\nformat = \"parquet\"",
+            &weir_tests::files_sink("empty"),
+        ),
+    )?;
+    let out = weir(EXE, &cache, &["run", empty.to_str().unwrap_or_default()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("without `schema` takes its schema from the first file"),
+        "{stderr}"
+    );
+    Ok(())
+}

@@ -5,7 +5,9 @@
 //! produced from it (`make_golden.py` regenerates them; see `tests/golden/README.md`):
 //! `expected.csv` (the result), `batches.csv` (which micro-batch emitted which row),
 //! `progress.csv` (each batch's input rows and watermark) and `pipeline.toml`, the same query for
-//! Weir. No Java or Python is needed here.
+//! Weir. No Java or Python is needed here. The stream-static join cases also read a static table,
+//! `tests/golden/input_<table>/` (a customers dimension, also made by `make_golden.py`), copied to
+//! the run's scratch folder and given to Weir with `--set table.<table>.path=...`.
 //!
 //! The goldens are only worth anything if Spark wrote them: `make_golden.py` is their only writer
 //! and records the SHA-256 of every file it wrote in `tests/golden/hashes.json`.
@@ -64,7 +66,7 @@ enum Mode {
 
 /// Every golden case and its mode; `golden_files_are_make_goldens` checks this against what
 /// `make_golden.py` recorded, so a case added there without a test here fails.
-const CASES: [(&str, Mode); 11] = [
+const CASES: [(&str, Mode); 15] = [
     ("revenue_append", Mode::Append),
     ("revenue_update", Mode::Update { keys: 3 }),
     ("revenue_complete", Mode::Complete),
@@ -76,6 +78,10 @@ const CASES: [(&str, Mode); 11] = [
     ("status_complete", Mode::Complete),
     ("status_expressions", Mode::Complete),
     ("status_update", Mode::Update { keys: 1 }),
+    ("join_customers_left", Mode::Append),
+    ("join_customers_inner", Mode::Append),
+    ("join_customers_left_semi", Mode::Append),
+    ("join_customers_left_anti", Mode::Append),
 ];
 
 #[test]
@@ -133,6 +139,26 @@ fn status_update() -> Result<()> {
     golden_case("status_update")
 }
 
+#[test]
+fn join_customers_left() -> Result<()> {
+    golden_case("join_customers_left")
+}
+
+#[test]
+fn join_customers_inner() -> Result<()> {
+    golden_case("join_customers_inner")
+}
+
+#[test]
+fn join_customers_left_semi() -> Result<()> {
+    golden_case("join_customers_left_semi")
+}
+
+#[test]
+fn join_customers_left_anti() -> Result<()> {
+    golden_case("join_customers_left_anti")
+}
+
 // ---------------------------------------------------------------------------------------------
 // The golden files themselves: written by make_golden.py only.
 // ---------------------------------------------------------------------------------------------
@@ -162,11 +188,16 @@ fn hashes() -> Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| path.display().to_string())
 }
 
-/// The SHA-256 of each input file, and of their `sha256sum` listing (`"<hex>  <name>\n"` per
-/// file, in name order), as `make_golden.py` computes them.
-fn input_hashes() -> Result<(BTreeMap<String, String>, String)> {
+/// The folder of a static table's files: `input_<table>/` beside `input/`.
+fn table_dir(table: &str) -> PathBuf {
+    golden_dir().join(format!("input_{table}"))
+}
+
+/// The SHA-256 of each input file (`*.json`) in `dir`, and of their `sha256sum` listing
+/// (`"<hex>  <name>\n"` per file, in name order), as `make_golden.py` computes them.
+fn input_hashes(dir: &Path) -> Result<(BTreeMap<String, String>, String)> {
     let mut files = BTreeMap::new();
-    for entry in std::fs::read_dir(golden_dir().join("input"))? {
+    for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
         let path = entry?.path();
         let name = path
             .file_name()
@@ -190,32 +221,23 @@ fn golden_files_are_make_goldens() -> Result<()> {
     let hashes = hashes()?;
     let mut report = String::new();
 
-    let (input, digest) = input_hashes()?;
+    let (input, digest) = input_hashes(&golden_dir().join("input"))?;
     let recorded = hashes["input"]
         .as_object()
         .context("hashes.json: no \"input\"")?;
-    for (name, sha) in &input {
-        match recorded.get(name).and_then(|v| v.as_str()) {
-            Some(want) if want == sha => {}
-            Some(want) => {
-                let _ = writeln!(
-                    report,
-                    "tests/golden/input/{name} was edited by hand: SHA-256 {sha}, make_golden.py wrote {want}"
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    report,
-                    "tests/golden/input/{name} was not written by make_golden.py"
-                );
-            }
+    check_input_files("input", &input, recorded, &mut report);
+    // The static tables the join cases read: `input_<table>/`, per table in "tables".
+    let mut table_digests = BTreeMap::new();
+    if let Some(tables) = hashes["tables"].as_object() {
+        for (table, recorded) in tables {
+            let folder = format!("input_{table}");
+            let recorded = recorded
+                .as_object()
+                .with_context(|| format!("hashes.json: tables.{table} is not an object"))?;
+            let (files, digest) = input_hashes(&table_dir(table))?;
+            check_input_files(&folder, &files, recorded, &mut report);
+            table_digests.insert(table.clone(), digest);
         }
-    }
-    for name in recorded.keys().filter(|n| !input.contains_key(*n)) {
-        let _ = writeln!(
-            report,
-            "tests/golden/input/{name}, written by make_golden.py, is missing"
-        );
     }
 
     let spark: serde_json::Value = serde_json::from_str(
@@ -264,6 +286,14 @@ fn golden_files_are_make_goldens() -> Result<()> {
                 "tests/golden/{name} was made from another input than tests/golden/input/"
             );
         }
+        for (table, want) in case["tables"].as_object().into_iter().flatten() {
+            if want.as_str() != table_digests.get(table).map(String::as_str) {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{name} was made from another table than tests/golden/input_{table}/"
+                );
+            }
+        }
         if case["pyspark"].as_str() != Some(pyspark) {
             let _ = writeln!(
                 report,
@@ -284,6 +314,39 @@ fn golden_files_are_make_goldens() -> Result<()> {
         "golden files not as make_golden.py wrote them ({REGENERATE}):\n{report}"
     );
     Ok(())
+}
+
+/// Compares the input files found in `tests/golden/<folder>/` with the hashes `make_golden.py`
+/// recorded for them, adding each difference to `report`.
+fn check_input_files(
+    folder: &str,
+    found: &BTreeMap<String, String>,
+    recorded: &serde_json::Map<String, serde_json::Value>,
+    report: &mut String,
+) {
+    for (name, sha) in found {
+        match recorded.get(name).and_then(|v| v.as_str()) {
+            Some(want) if want == sha => {}
+            Some(want) => {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{folder}/{name} was edited by hand: SHA-256 {sha}, make_golden.py wrote {want}"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{folder}/{name} was not written by make_golden.py"
+                );
+            }
+        }
+    }
+    for name in recorded.keys().filter(|n| !found.contains_key(*n)) {
+        let _ = writeln!(
+            report,
+            "tests/golden/{folder}/{name}, written by make_golden.py, is missing"
+        );
+    }
 }
 
 /// `mode` (as golden.rs tests the case) is the mode `make_golden.py` ran it in; for update mode,
@@ -469,6 +532,9 @@ struct Golden {
     batches: BTreeMap<u64, Vec<String>>,
     /// Per batch id: (input rows, canonical watermark or "").
     progress: BTreeMap<u64, (u64, String)>,
+    /// The static tables the case joins (`[[table]]` names; files in `input_<table>/`), as
+    /// `make_golden.py` recorded them in `hashes.json`.
+    tables: Vec<String>,
 }
 
 impl Golden {
@@ -498,6 +564,10 @@ impl Golden {
             ensure!(fields.len() == 3, "progress.csv row {row:?}");
             progress.insert(fields[0].parse()?, (fields[1].parse()?, fields[2].clone()));
         }
+        let tables: Vec<String> = hashes()?["cases"][name]["tables"]
+            .as_object()
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default();
         Ok(Self {
             name,
             mode,
@@ -506,6 +576,7 @@ impl Golden {
             expected,
             batches,
             progress,
+            tables,
         })
     }
 
@@ -533,6 +604,17 @@ impl<'a> Run<'a> {
         files.retain(|p| p.extension().is_some_and(|e| e == "json"));
         files.sort();
         ensure!(!files.is_empty(), "no golden input files");
+        // The static tables do not change during a run: copied whole, once, to `<table>/`.
+        for table in &golden.tables {
+            let dest = dir.path().join(table);
+            std::fs::create_dir_all(&dest)?;
+            for entry in std::fs::read_dir(table_dir(table))? {
+                let src = entry?.path();
+                if src.extension().is_some_and(|e| e == "json") {
+                    std::fs::copy(&src, dest.join(src.file_name().context("file name")?))?;
+                }
+            }
+        }
         Ok(Self { golden, dir, files })
     }
 
@@ -564,6 +646,12 @@ impl<'a> Run<'a> {
             format!("query.trigger={trigger}"),
         ]
         .into_iter()
+        .chain(
+            self.golden
+                .tables
+                .iter()
+                .map(|t| format!("table.{t}.path={}", p(t.as_str()))),
+        )
         .flat_map(|s| ["--set".to_owned(), s])
         .collect()
     }

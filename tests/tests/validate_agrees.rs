@@ -103,6 +103,12 @@ fn every_example_is_accepted_by_validate_and_by_run() -> Result<()> {
         let file = ws.pipeline(name, &std::fs::read_to_string(&example)?)?;
         // The folder a plugin sink is granted must exist (both commands refuse a missing one).
         std::fs::create_dir_all(ws.path().join("out"))?;
+        // The static side of the join example.
+        std::fs::create_dir_all(ws.path().join("data/customers"))?;
+        std::fs::write(
+            ws.path().join("data/customers/customers.json"),
+            "{\"customer_id\": 1, \"name\": \"ada\", \"country\": \"uk\", \"tier\": \"gold\"}\n",
+        )?;
         let kafka = name.starts_with("kafka");
         // Batches until the data is read, then stop; no broker listens on port 1.
         let mut overrides = vec!["--set", "query.trigger=available-now"];

@@ -1,4 +1,6 @@
 //! Decoding input files (JSON lines or CSV) into Arrow record batches of a declared schema.
+//! Parquet files, which are columnar and have no malformed lines, are read by
+//! [`ParquetDecoder`] (`parquet_file.rs`) instead.
 //!
 //! This is the engine's hot path: every input row passes through it once, so it is a
 //! hand-written scanner appending into plain column buffers, with no allocation per row.
@@ -38,12 +40,14 @@
 //! * `cells.rs` — staging slots, column buffers, text-to-value conversions.
 //! * `timestamp.rs` — ISO-8601 date/timestamp parsing.
 //! * [`dead_letter`] — atomic dead-letter files per batch.
+//! * `parquet_file.rs` — Parquet files, columns by name, cast to the schema.
 
 pub mod dead_letter;
 
 mod cells;
 mod csv;
 mod json;
+mod parquet_file;
 mod timestamp;
 
 use std::fmt;
@@ -56,6 +60,7 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use self::cells::{Column, Kind, Slots};
 
 pub use self::dead_letter::write_dead_letters;
+pub use self::parquet_file::{ParquetDecoder, weir_type};
 
 /// Name of the column holding the raw text of a malformed line (Permissive only).
 pub const CORRUPT_RECORD_COLUMN: &str = "_corrupt_record";
@@ -197,6 +202,17 @@ pub enum DecodeError {
         origin: String,
         #[source]
         source: ArrowError,
+    },
+    /// A file that cannot be read as Parquet (not Parquet, truncated, corrupt).
+    #[error("cannot read {origin} as Parquet: {reason}")]
+    Parquet { origin: String, reason: String },
+    /// A column of a Parquet file that cannot be read as the schema's column (`reason` says
+    /// why, as a phrase whose subject is the column).
+    #[error("{origin}: column \"{column}\" {reason}")]
+    ParquetColumn {
+        origin: String,
+        column: String,
+        reason: String,
     },
     /// Writing a dead-letter file failed.
     #[error("writing dead letters to {path}: {source}")]

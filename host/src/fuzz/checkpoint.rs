@@ -370,6 +370,7 @@ fn offset_entry() -> impl Strategy<Value = OffsetEntry> {
                     batch_timestamp_ms,
                     sources,
                     plugins,
+                    tables: Vec::new(),
                 }
             },
         )

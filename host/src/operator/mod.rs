@@ -1,6 +1,7 @@
 //! Per-batch operators between source and sink: stateless transforms (Wasm
 //! or native Rust) behind [`BatchTransform`], so that the query loop treats
 //! them alike and programs embedding the host can add their own; and
+//! stream-static joins ([`join`]), which hold a static table in memory; and
 //! stateful operators (windowed aggregation, deduplication) behind
 //! [`stateful::StatefulOperator`], which own their state stores while the
 //! query loop owns time. Wasm transforms with keyed state
@@ -11,6 +12,7 @@
 
 pub mod aggregate;
 pub mod dedup;
+pub mod join;
 mod key_encoding;
 mod partitioned;
 pub mod stateful;

@@ -17,8 +17,8 @@ use serde_json::{Map, Value, json};
 
 use crate::operator::stateful::StateSchema;
 use crate::spec::{
-    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, TransformKind,
-    Trigger, WatermarkPolicy, WindowKind,
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, TableKind,
+    TransformKind, Trigger, WatermarkPolicy, WindowKind,
 };
 
 /// Parts of the fingerprint a restart may not change.
@@ -39,6 +39,10 @@ const FROZEN: &[(&str, &str)] = &[
     (
         "stateful_plugins",
         "the stateful transforms (plugins that keep keyed state)",
+    ),
+    (
+        "join",
+        "the join (its inputs, the table's kind and path, the type, keys and condition)",
     ),
     ("watermark_column", "the watermark column"),
     ("watermark_policy", "the watermark policy"),
@@ -148,8 +152,38 @@ pub fn of(
             TransformKind::Wasm(_) => None,
         })
         .collect();
+    // Absent (null) without a join, so that older checkpoints resume unchanged. A new snapshot
+    // of the table is not a change of the query.
+    let join = pipeline.join.as_ref().map(|j| {
+        let table = pipeline
+            .tables
+            .iter()
+            .find(|t| t.name == j.left || t.name == j.right)
+            .map(|t| match &t.kind {
+                TableKind::Files { path, format, .. } => json!({
+                    "name": t.name,
+                    "kind": "files",
+                    "path": path.display().to_string(),
+                    "format": format!("{format:?}"),
+                }),
+                TableKind::Delta { path } => json!({
+                    "name": t.name,
+                    "kind": "delta",
+                    "path": path.display().to_string(),
+                }),
+            });
+        json!({
+            "left": j.left,
+            "right": j.right,
+            "type": j.kind.name(),
+            "on": j.on,
+            "condition": j.condition.as_ref().map(ToString::to_string),
+            "table": table,
+        })
+    });
     json!({
         "sources": sources,
+        "join": join,
         "rate_limits": rate_limits,
         "trigger": match pipeline.query.trigger {
             Trigger::AvailableNow => "available-now".to_owned(),

@@ -32,6 +32,7 @@ use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
+use crate::operator::join::{JoinError, StaticJoin, StaticTable, TableSnapshot};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
@@ -170,6 +171,8 @@ pub enum QueryError {
     #[error(transparent)]
     Operator(#[from] OperatorError),
     #[error(transparent)]
+    Join(#[from] JoinError),
+    #[error(transparent)]
     Watermark(#[from] WatermarkError),
     #[error("state: {0}")]
     State(#[from] StateError),
@@ -197,6 +200,9 @@ pub struct OffsetEntry {
     /// last), so that a replay knows when it runs another build.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub plugins: Vec<PluginBuild>,
+    /// The static tables batch N joins against, as they were when it was planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableSnapshot>,
 }
 
 /// One plugin build, as `offsets/N` records it.
@@ -257,6 +263,10 @@ pub struct Query {
     after_aggregate: Option<SqlTransform>,
     /// The plugins of `[[function]]`, which the SQL transforms call.
     functions: Vec<Arc<SharedFunction>>,
+    /// The stream-static `[join]`, applied before `transforms[join_at]` (after all of them when
+    /// it is their count): after the transforms of one input, before those of all.
+    join: Option<StaticJoin>,
+    join_at: usize,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -413,6 +423,9 @@ impl Query {
         let mut input_schemas: Vec<SchemaRef> =
             sources.iter().map(|s| Arc::clone(s.schema())).collect();
         let mut schema: Option<SchemaRef> = None;
+        // With a [join], the inputs meet in it, before the first transform of them all.
+        let mut join: Option<StaticJoin> = None;
+        let mut join_at = pipeline.transforms.len();
         let mut transforms: Vec<Transform> = Vec::new();
         let mut transform_inputs: Vec<Option<usize>> = Vec::new();
         let mut watched = Vec::new();
@@ -435,11 +448,10 @@ impl Query {
                 Some(j) => &mut input_schemas[j],
                 None => {
                     if schema.is_none() {
-                        schema = Some(union_schema(
-                            &pipeline.query.name,
-                            &sources,
-                            &input_schemas,
-                        )?);
+                        let (met, joined) = meet(&pipeline, &sources, &input_schemas)?;
+                        schema = Some(met);
+                        join = joined;
+                        join_at = i;
                     }
                     schema.as_mut().unwrap_or_else(|| unreachable!("set above"))
                 }
@@ -482,7 +494,11 @@ impl Query {
         }
         let mut schema = match schema {
             Some(s) => s,
-            None => union_schema(&pipeline.query.name, &sources, &input_schemas)?,
+            None => {
+                let (met, joined) = meet(&pipeline, &sources, &input_schemas)?;
+                join = joined;
+                met
+            }
         };
         // Stateful transforms in pipeline order: their rank names their state folder.
         let stateful_plugins: Vec<(usize, String)> = transforms
@@ -737,6 +753,8 @@ impl Query {
             transform_inputs,
             after_aggregate,
             functions: function_plugins,
+            join,
+            join_at,
             stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
@@ -993,6 +1011,13 @@ impl Query {
                 batch_timestamp_ms: self.options.clock.now_ms(),
                 sources: offsets,
                 plugins: self.plugin_builds(),
+                tables: self
+                    .join
+                    .as_ref()
+                    .map(StaticJoin::current_snapshot)
+                    .transpose()?
+                    .into_iter()
+                    .collect(),
             },
         )?;
         let wal_ms = millis(started.elapsed());
@@ -1242,10 +1267,15 @@ impl Query {
         let mut per_source = Vec::with_capacity(self.sources.len());
         let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
         // Every attempt starts from the state the previous batch committed (keyed state
-        // expiring by this batch's watermark); loading counts as adding the batch.
+        // expiring by this batch's watermark), and joins the static table as it was planned;
+        // loading counts as adding the batch.
         let load_started = Instant::now();
         for stage in self.stateful_stages_mut() {
             stage.load(n.checked_sub(1), entry.batch_watermark_ms)?;
+        }
+        if let Some(join) = &mut self.join {
+            let recorded = entry.tables.iter().find(|t| t.name == join.table_name());
+            join.prepare(recorded)?;
         }
         add_batch += load_started.elapsed();
         let none = sources::Recorded::new();
@@ -1275,7 +1305,17 @@ impl Query {
             let first_output = outputs.len();
             for batch in decoded.batches {
                 let mut batch = batch;
-                for (t, input) in self.transforms.iter_mut().zip(&self.transform_inputs) {
+                for (k, (t, input)) in self
+                    .transforms
+                    .iter_mut()
+                    .zip(&self.transform_inputs)
+                    .enumerate()
+                {
+                    if k == self.join_at
+                        && let Some(join) = &mut self.join
+                    {
+                        batch = join.process(&batch, info)?;
+                    }
                     if batch.num_rows() == 0 {
                         break;
                     }
@@ -1283,6 +1323,12 @@ impl Query {
                         continue;
                     }
                     batch = t.process(&batch, info)?;
+                }
+                if self.join_at >= self.transforms.len()
+                    && batch.num_rows() > 0
+                    && let Some(join) = &mut self.join
+                {
+                    batch = join.process(&batch, info)?;
                 }
                 if batch.num_rows() > 0 {
                     outputs.push(batch);
@@ -1400,6 +1446,46 @@ fn sandbox(
 
 /// The schema where the inputs meet: they are unioned, so each must bring
 /// the same columns (after the transforms of its own).
+/// Where the inputs meet: a stream-static join of the one source (after its own transforms)
+/// with its table, or the union of the sources.
+fn meet(
+    pipeline: &Pipeline,
+    sources: &[Box<dyn Source>],
+    input_schemas: &[SchemaRef],
+) -> Result<(SchemaRef, Option<StaticJoin>), QueryError> {
+    let Some(spec) = &pipeline.join else {
+        return Ok((
+            union_schema(&pipeline.query.name, sources, input_schemas)?,
+            None,
+        ));
+    };
+    let invalid = |message: String| QueryError::Invalid {
+        query: pipeline.query.name.clone(),
+        message,
+    };
+    let table = pipeline
+        .tables
+        .iter()
+        .find(|t| t.name == spec.left || t.name == spec.right)
+        .ok_or_else(|| {
+            invalid(format!(
+                "[join] names no [[table]] ({} and {})",
+                spec.left, spec.right
+            ))
+        })?;
+    let [stream] = input_schemas else {
+        return Err(invalid(
+            "a stream-static join reads exactly one [[source]]".to_owned(),
+        ));
+    };
+    let join = StaticJoin::new(
+        spec.clone(),
+        StaticTable::open(table.clone()).map_err(JoinError::from)?,
+        Arc::clone(stream),
+    )?;
+    Ok((Arc::clone(join.output_schema()), Some(join)))
+}
+
 fn union_schema(
     query: &str,
     sources: &[Box<dyn Source>],
@@ -1442,6 +1528,7 @@ impl QueryError {
             Self::Plugin(e) => e.is_retryable(),
             Self::Sink(e) => e.is_retryable(),
             Self::Source(e) => e.is_retryable(),
+            Self::Join(e) => e.is_retryable(),
             // The query's own logs: a failed write there stops the run, and a restart
             // recovers from what is durable.
             Self::Checkpoint(_) => false,

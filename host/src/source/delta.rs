@@ -447,6 +447,77 @@ pub fn read_table(table: &Path) -> Result<(SchemaRef, Vec<RecordBatch>), DeltaSo
     Ok((snap.schema, out))
 }
 
+/// The table at `table` as of `version` (its newest without one), whole: the version read, its
+/// schema, the bytes of its data files and its rows (a static side of a join).
+///
+/// # Errors
+/// When the log or a data file cannot be read.
+pub fn read_table_at(
+    table: &Path,
+    version: Option<u64>,
+) -> Result<(u64, SchemaRef, u64, Vec<RecordBatch>), DeltaSourceError> {
+    let snap = snapshot(table, version)?;
+    let bytes = snap
+        .files
+        .iter()
+        .map(|f| u64::try_from(f.size).unwrap_or(0))
+        .sum();
+    let mut out = Vec::new();
+    for file in &snap.files {
+        read_file(table, &snap.schema, &snap.partition_columns, file, &mut out)?;
+    }
+    Ok((snap.version, snap.schema, bytes, out))
+}
+
+/// The newest version of the table at `table` and its schema, without reading its data.
+///
+/// # Errors
+/// When the log cannot be read or holds no table.
+pub fn table_schema(table: &Path) -> Result<(u64, SchemaRef), DeltaSourceError> {
+    let snap = snapshot(table, None)?;
+    Ok((snap.version, snap.schema))
+}
+
+/// The newest version of the table at `table` by the names of its log's commit files (nothing
+/// is parsed), `None` when it has none.
+///
+/// # Errors
+/// When the log folder cannot be listed.
+pub fn latest_version(table: &Path) -> Result<Option<u64>, DeltaSourceError> {
+    let log = table.join("_delta_log");
+    let entries = match std::fs::read_dir(&log) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(DeltaSourceError::Io {
+                table: table.to_path_buf(),
+                file: log,
+                op: "list",
+                source,
+            });
+        }
+    };
+    let mut latest = None;
+    for entry in entries {
+        let entry = entry.map_err(|source| DeltaSourceError::Io {
+            table: table.to_path_buf(),
+            file: log.clone(),
+            op: "list",
+            source,
+        })?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            continue;
+        };
+        if stem.len() == 20
+            && let Ok(v) = stem.parse::<u64>()
+        {
+            latest = latest.max(Some(v));
+        }
+    }
+    Ok(latest)
+}
+
 /// A Delta table read as a stream of appended rows.
 #[derive(Debug)]
 pub struct DeltaSource {

@@ -5,6 +5,10 @@
 //! so that a replay reads exactly the same files — and the same bytes: the
 //! size recorded then is what is read, even if a file grew since.
 //!
+//! JSON-lines and CSV files are decoded line by line ([`Decoder`]); Parquet files whole
+//! ([`ParquetDecoder`]), from the recorded bytes too (a Parquet file rewritten since no longer
+//! reads as one, and fails the batch naming it).
+//!
 //! The log is input like any other: an entry naming a file outside the
 //! folder (a path, `..`), a file twice, or more bytes than the file holds is
 //! refused as [`CheckpointError::Corrupt`] naming the entry, before anything
@@ -20,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Recorded, Source, SourceBatch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::decode::{DecodeError, Decoded, Decoder};
+use crate::decode::{DecodeError, Decoded, Decoder, ParquetDecoder};
 
 /// One file a batch reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +117,9 @@ pub enum SourceError {
         "source {source_name}: batch {batch_id} has no entry in the source log; the checkpoint is damaged"
     )]
     MissingLog { source_name: String, batch_id: u64 },
+    /// The source has no schema: none declared, and none to take from its files.
+    #[error("source {source_name}: {reason}")]
+    NoSchema { source_name: String, reason: String },
     #[error("source {source_name}: {error}")]
     Decode {
         source_name: String,
@@ -137,10 +144,130 @@ impl SourceError {
             Self::List { .. }
             | Self::Shrunk { .. }
             | Self::MissingLog { .. }
+            | Self::NoSchema { .. }
             | Self::Decode { .. }
             | Self::Checkpoint(_) => false,
         }
     }
+}
+
+/// How a files source decodes its files.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per source, made once: boxing would cost a pointer chase per file for nothing"
+)]
+#[derive(Debug)]
+pub enum FileDecoder {
+    /// JSON lines or CSV, line by line.
+    Lines(Decoder),
+    /// Parquet, whole files.
+    Parquet(ParquetDecoder),
+}
+
+impl From<Decoder> for FileDecoder {
+    fn from(decoder: Decoder) -> Self {
+        Self::Lines(decoder)
+    }
+}
+
+impl From<ParquetDecoder> for FileDecoder {
+    fn from(decoder: ParquetDecoder) -> Self {
+        Self::Parquet(decoder)
+    }
+}
+
+impl FileDecoder {
+    /// The schema of the batches decoded.
+    pub fn output_schema(&self) -> &arrow_schema::SchemaRef {
+        match self {
+            Self::Lines(d) => d.output_schema(),
+            Self::Parquet(d) => d.output_schema(),
+        }
+    }
+}
+
+/// The decoder of a `format = "parquet"` source without a declared schema: the schema is the
+/// Parquet footer's of the folder's first file in the order batches take files (oldest
+/// modification time first, then by name; hidden and `_` files left out), whether or not a
+/// batch took it already — on a restart, the file batch 0 read while it is still there.
+///
+/// # Errors
+/// [`SourceError::NoSchema`] when the folder has no file yet; when it cannot be listed, the
+/// file cannot be opened, or its footer names a column no Weir type holds.
+pub fn infer_parquet(
+    source_name: &str,
+    dir: &Path,
+    batch_size: usize,
+) -> Result<ParquetDecoder, SourceError> {
+    let files = list_files(dir, &HashSet::new()).map_err(|error| SourceError::List {
+        source_name: source_name.to_owned(),
+        dir: dir.to_path_buf(),
+        error,
+    })?;
+    let Some(first) = files.first() else {
+        return Err(SourceError::NoSchema {
+            source_name: source_name.to_owned(),
+            reason: format!(
+                "format = \"parquet\" without `schema` takes its schema from the first file, \
+                 and {} has none yet: declare `schema` in the pipeline file, or start the query \
+                 once a file is there",
+                dir.display()
+            ),
+        });
+    };
+    let path = dir.join(&first.name);
+    let file = std::fs::File::open(&path).map_err(|error| SourceError::Read {
+        source_name: source_name.to_owned(),
+        file: path.clone(),
+        error,
+    })?;
+    ParquetDecoder::infer(file, &path.display().to_string(), batch_size).map_err(|error| {
+        SourceError::Decode {
+            source_name: source_name.to_owned(),
+            error,
+        }
+    })
+}
+
+/// The files of `dir` not in `seen`, in the order batches take them: oldest modification
+/// time first, then by name. Hidden and `_`-prefixed files (in progress, or metadata) and
+/// anything but plain files are left out; a folder that does not exist has no files.
+fn list_files(dir: &Path, seen: &HashSet<String>) -> std::io::Result<Vec<FileEntry>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // A folder that does not exist yet simply has no files.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Hidden and underscore files are in-progress or metadata, as in Spark.
+        if name.starts_with('.') || name.starts_with('_') || seen.contains(&name) {
+            continue;
+        }
+        let meta = entry.metadata()?;
+        if !meta.is_file() {
+            continue;
+        }
+        let mtime_ms = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        files.push(FileEntry {
+            name,
+            size: meta.len(),
+            mtime_ms,
+        });
+    }
+    files.sort_by(|a, b| {
+        a.mtime_ms
+            .cmp(&b.mtime_ms)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Ok(files)
 }
 
 /// A folder of files read as a stream.
@@ -151,7 +278,7 @@ pub struct FilesSource {
     dir: PathBuf,
     max_files: Option<NonZeroUsize>,
     seen: HashSet<String>,
-    decoder: Decoder,
+    decoder: FileDecoder,
     dead_letter: Option<PathBuf>,
     /// What the next batch takes, chosen by [`Source::poll`].
     staged: Vec<FileEntry>,
@@ -204,12 +331,17 @@ impl FilesSource {
                 },
             })?;
             let origin = path.display().to_string();
-            self.decoder
-                .decode(buf, &origin, decoded)
-                .map_err(|error| SourceError::Decode {
-                    source_name: self.name.clone(),
-                    error,
-                })?;
+            let result = match &mut self.decoder {
+                FileDecoder::Lines(decoder) => decoder.decode(buf, &origin, decoded),
+                // The recorded bytes, handed over without a copy (the buffer is not reused).
+                FileDecoder::Parquet(decoder) => {
+                    decoder.decode(bytes::Bytes::from(std::mem::take(buf)), &origin, decoded)
+                }
+            };
+            result.map_err(|error| SourceError::Decode {
+                source_name: self.name.clone(),
+                error,
+            })?;
         }
         Ok(())
     }
@@ -230,7 +362,7 @@ impl FilesSource {
         index: usize,
         dir: PathBuf,
         max_files: Option<NonZeroUsize>,
-        decoder: Decoder,
+        decoder: impl Into<FileDecoder>,
         dead_letter: Option<PathBuf>,
         checkpoint: &Checkpoint,
         last_planned: Option<u64>,
@@ -254,7 +386,7 @@ impl FilesSource {
             dir,
             max_files,
             seen,
-            decoder,
+            decoder: decoder.into(),
             dead_letter,
             staged: Vec::new(),
             frozen: None,
@@ -268,46 +400,11 @@ impl FilesSource {
     /// # Errors
     /// When the folder cannot be listed.
     pub fn list_new(&self) -> Result<Vec<FileEntry>, SourceError> {
-        let list_err = |error| SourceError::List {
+        list_files(&self.dir, &self.seen).map_err(|error| SourceError::List {
             source_name: self.name.clone(),
             dir: self.dir.clone(),
             error,
-        };
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            // A folder that does not exist yet simply has no files.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(list_err(e)),
-        };
-        let mut files = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(list_err)?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // Hidden and underscore files are in-progress or metadata, as in Spark.
-            if name.starts_with('.') || name.starts_with('_') || self.seen.contains(&name) {
-                continue;
-            }
-            let meta = entry.metadata().map_err(list_err)?;
-            if !meta.is_file() {
-                continue;
-            }
-            let mtime_ms = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            files.push(FileEntry {
-                name,
-                size: meta.len(),
-                mtime_ms,
-            });
-        }
-        files.sort_by(|a, b| {
-            a.mtime_ms
-                .cmp(&b.mtime_ms)
-                .then_with(|| a.name.cmp(&b.name))
-        });
-        Ok(files)
+        })
     }
 
     /// The files batch `batch_id` took, from the source log, and the log
@@ -444,6 +541,7 @@ fn read_prefix(path: &Path, size: u64, buf: &mut Vec<u8>) -> Result<(), ReadErro
 mod tests {
     use std::sync::Arc;
 
+    use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
     use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
@@ -579,5 +677,89 @@ mod tests {
         ] {
             assert_eq!(check_name(name), Ok(()), "{name}");
         }
+    }
+
+    fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+
+    #[test]
+    fn parquet_files_are_read_by_column_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        // No file yet and no schema: nothing to take the schema from.
+        let err = infer_parquet("orders", &input, 10).unwrap_err();
+        assert!(matches!(err, SourceError::NoSchema { .. }), "{err}");
+        assert!(err.to_string().contains("has none yet"), "{err}");
+        std::fs::create_dir_all(&input).unwrap();
+        write_parquet(
+            &input.join("a.parquet"),
+            vec![
+                ("id", Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef),
+                (
+                    "extra",
+                    Arc::new(StringArray::from(vec!["x", "y"])) as ArrayRef,
+                ),
+            ],
+        );
+        write_parquet(
+            &input.join("b.parquet"),
+            vec![("id", Arc::new(Int64Array::from(vec![3_i64])) as ArrayRef)],
+        );
+        // Without a schema: the first file's.
+        let inferred = infer_parquet("orders", &input, 10).unwrap();
+        let fields: Vec<(&str, DataType)> = inferred
+            .output_schema()
+            .fields()
+            .iter()
+            .map(|f| (f.name().as_str(), f.data_type().clone()))
+            .collect();
+        assert_eq!(fields, [("id", DataType::Int32), ("extra", DataType::Utf8)]);
+        // With one: `id` widened to BIGINT, `extra` not read, no `_corrupt_record`.
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let mut source = FilesSource::open(
+            "orders".into(),
+            0,
+            input.clone(),
+            None,
+            ParquetDecoder::new(schema, 10).unwrap(),
+            None,
+            &checkpoint,
+            None,
+        )
+        .unwrap();
+        assert_eq!(source.schema().fields().len(), 1);
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), 2);
+        source.record(&checkpoint, 0).unwrap();
+        let read = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        assert_eq!(read.decoded.num_input_rows, 3);
+        assert_eq!(read.decoded.num_malformed, 0);
+        let ids: Vec<i64> = read
+            .decoded
+            .batches
+            .iter()
+            .flat_map(|b| {
+                assert_eq!(b.schema().field(0).data_type(), &DataType::Int64);
+                let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                ids.values().to_vec()
+            })
+            .collect();
+        assert_eq!(ids, [1, 2, 3]);
+        // A file that is not Parquet fails its batch, naming it.
+        std::fs::write(input.join("c.parquet"), "{\"id\":4}\n").unwrap();
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
+        source.record(&checkpoint, 1).unwrap();
+        let err = source.read(&checkpoint, 1, &Recorded::new()).unwrap_err();
+        assert!(matches!(err, SourceError::Decode { .. }), "{err}");
+        let named = format!(
+            "cannot read {} as Parquet",
+            input.join("c.parquet").display()
+        );
+        assert!(err.to_string().contains(&named), "{err}");
     }
 }

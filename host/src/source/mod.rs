@@ -7,7 +7,7 @@
 //! log under `sources/<index>/` and its own event-time watermark.
 //!
 //! # Layout
-//! - `files`: a folder of JSON-lines or CSV files, new files each batch.
+//! - `files`: a folder of JSON-lines, CSV or Parquet files, new files each batch.
 //! - [`kafka`]: Kafka topics, a range of offsets per partition each batch.
 //! - [`delta`]: a Delta Lake table, the files its new versions append.
 
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 
 pub use delta::{DeltaFile, DeltaInput, DeltaSource, DeltaSourceError};
-pub use files::{FileEntry, FilesSource, SourceError};
+pub use files::{FileDecoder, FileEntry, FilesSource, SourceError};
 
 use crate::checkpoint::Checkpoint;
 use crate::decode::{self, Decoded, Decoder, DecoderOptions};
@@ -105,7 +105,8 @@ pub struct SourceBatch {
 }
 
 /// The schema of the batches `spec` will produce, when the pipeline file
-/// alone says it (files and Kafka; a Delta table's schema is the table's).
+/// alone says it (files and Kafka; a Delta table's schema is the table's, a
+/// Parquet files source's without `schema` its first file's).
 /// `weir validate` plans SQL transforms against it.
 pub fn schema_before_open(spec: &SourceSpec) -> Option<SchemaRef> {
     let decoded = |schema: &SchemaRef, policy| {
@@ -120,7 +121,16 @@ pub fn schema_before_open(spec: &SourceSpec) -> Option<SchemaRef> {
         .map(|d| Arc::clone(d.output_schema()))
     };
     match &spec.kind {
-        SourceKind::Files(files) => decoded(&files.schema, files.on_malformed),
+        SourceKind::Files(files) => match (&files.format, &files.schema) {
+            // No `_corrupt_record` column: Parquet has no malformed rows.
+            (spec::InputFormat::Parquet, Some(schema)) => {
+                decode::ParquetDecoder::new(Arc::clone(schema), DECODE_BATCH_ROWS)
+                    .ok()
+                    .map(|d| Arc::clone(d.output_schema()))
+            }
+            (_, Some(schema)) => decoded(schema, files.on_malformed),
+            (_, None) => None,
+        },
         SourceKind::Kafka(kafka) => match &kafka.value_format {
             spec::KafkaValueFormat::Raw => Some(kafka::rows::raw_schema()),
             spec::KafkaValueFormat::Json(schema) => decoded(schema, kafka.on_malformed),
@@ -144,27 +154,52 @@ pub fn open(
 ) -> Result<Box<dyn Source>, SourceError> {
     match &spec.kind {
         SourceKind::Files(files) => {
-            let decoder = Decoder::new(
-                Arc::clone(&files.schema),
-                DecoderOptions {
-                    format: match &files.format {
-                        spec::InputFormat::Json => decode::Format::JsonLines,
-                        spec::InputFormat::Csv { header, delimiter } => {
-                            decode::Format::Csv(decode::CsvOptions {
-                                header: *header,
-                                delimiter: *delimiter,
-                                quote: b'"',
-                            })
-                        }
-                    },
-                    policy: files.on_malformed,
-                    batch_size: DECODE_BATCH_ROWS,
-                },
-            )
-            .map_err(|error| SourceError::Decode {
+            let decode_error = |error: decode::DecodeError| SourceError::Decode {
                 source_name: spec.name.clone(),
                 error,
-            })?;
+            };
+            let lines = |schema: &SchemaRef, format| {
+                Decoder::new(
+                    Arc::clone(schema),
+                    DecoderOptions {
+                        format,
+                        policy: files.on_malformed,
+                        batch_size: DECODE_BATCH_ROWS,
+                    },
+                )
+                .map(FileDecoder::from)
+                .map_err(decode_error)
+            };
+            let decoder = match (&files.format, &files.schema) {
+                (spec::InputFormat::Parquet, Some(schema)) => FileDecoder::from(
+                    decode::ParquetDecoder::new(Arc::clone(schema), DECODE_BATCH_ROWS)
+                        .map_err(decode_error)?,
+                ),
+                // The schema of the folder's first file, read now (one must exist).
+                (spec::InputFormat::Parquet, None) => FileDecoder::from(files::infer_parquet(
+                    &spec.name,
+                    &files.path,
+                    DECODE_BATCH_ROWS,
+                )?),
+                (spec::InputFormat::Json, Some(schema)) => {
+                    lines(schema, decode::Format::JsonLines)?
+                }
+                (spec::InputFormat::Csv { header, delimiter }, Some(schema)) => lines(
+                    schema,
+                    decode::Format::Csv(decode::CsvOptions {
+                        header: *header,
+                        delimiter: *delimiter,
+                        quote: b'"',
+                    }),
+                )?,
+                // Validation requires the schema of JSON and CSV sources.
+                (_, None) => {
+                    return Err(SourceError::NoSchema {
+                        source_name: spec.name.clone(),
+                        reason: "a JSON or CSV files source needs `schema`".to_owned(),
+                    });
+                }
+            };
             Ok(Box::new(FilesSource::open(
                 spec.name.clone(),
                 index,

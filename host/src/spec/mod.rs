@@ -73,6 +73,10 @@ pub struct Pipeline {
     pub transforms: Vec<TransformSpec>,
     /// The `[[function]]` tables: plugins' scalar functions the SQL may call.
     pub functions: Vec<FunctionSpec>,
+    /// The `[[table]]` tables: static inputs of a join.
+    pub tables: Vec<TableSpec>,
+    /// The `[join]` table.
+    pub join: Option<JoinSpec>,
     /// The `[watermark]` table.
     pub watermark: Option<WatermarkSpec>,
     /// The `[aggregate]` table.
@@ -269,11 +273,13 @@ pub struct FilesSourceSpec {
     pub path: PathBuf,
     /// `format` and, for CSV, the `csv` options.
     pub format: InputFormat,
-    /// `schema`, parsed from Spark DDL.
-    pub schema: arrow_schema::SchemaRef,
+    /// `schema`, parsed from Spark DDL: required for JSON and CSV; for Parquet, when absent,
+    /// the schema of the folder's first file when the query starts.
+    pub schema: Option<arrow_schema::SchemaRef>,
     /// `max_files_per_trigger`: at most this many new files per batch.
     pub max_files_per_trigger: Option<NonZeroUsize>,
-    /// `on_malformed`: what to do with a row that does not match the schema.
+    /// `on_malformed`: what to do with a row that does not match the schema (always the
+    /// default for Parquet, which has no malformed rows).
     pub on_malformed: MalformedPolicy,
     /// `dead_letter_path` (resolved), present iff `on_malformed = "dead-letter"`.
     pub dead_letter_path: Option<PathBuf>,
@@ -291,6 +297,8 @@ pub enum InputFormat {
         /// The field separator, one ASCII character.
         delimiter: u8,
     },
+    /// `"parquet"`: Parquet files, columns by name.
+    Parquet,
 }
 
 /// One `[[transform]]` table: a Wasm plugin or a SQL statement applied to every batch.
@@ -325,6 +333,80 @@ pub enum TransformKind {
         /// The statement, as written.
         sql: String,
     },
+}
+
+/// A `[[table]]`: a static input, read into memory and read again when it changes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSpec {
+    /// `name`: what `[join]` calls it.
+    pub name: String,
+    /// `kind` and its keys.
+    pub kind: TableKind,
+    /// `max_size`: a snapshot larger than this (on disk, and in memory once read) is refused.
+    pub max_bytes: u64,
+}
+
+/// The default `max_size` of a `[[table]]`.
+pub const DEFAULT_TABLE_MAX_BYTES: u64 = 1 << 30;
+
+/// Where a static table's rows come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableKind {
+    /// `kind = "files"`: a file, or the files of a folder (hidden ones and `_`-prefixed ones
+    /// left out), read whole; malformed lines are left out (counted in the log).
+    Files {
+        /// `path` (resolved).
+        path: PathBuf,
+        /// `format` (json, csv or parquet) and, for CSV, its options.
+        format: InputFormat,
+        /// `schema`: required for JSON and CSV; for Parquet, the files' own when absent.
+        schema: Option<arrow_schema::SchemaRef>,
+    },
+    /// `kind = "delta"`: a Delta table's latest version (its own schema).
+    Delta {
+        /// `path` (resolved).
+        path: PathBuf,
+    },
+}
+
+/// `[join]`: the left input joined with the right one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JoinSpec {
+    /// `left`: a `[[source]]` or a `[[table]]`.
+    pub left: String,
+    /// `right`: a `[[table]]` (stream-static) or a `[[source]]`.
+    pub right: String,
+    /// `type`.
+    pub kind: JoinType,
+    /// `on`: columns of both inputs that must be equal; each appears once in the output.
+    pub on: Vec<String>,
+    /// `condition`: SQL over both rows, each qualified by its input's name.
+    pub condition: Option<RowCondition>,
+}
+
+/// A join's type, Spark's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinType {
+    Inner,
+    Left,
+    Right,
+    Full,
+    LeftSemi,
+    LeftAnti,
+}
+
+impl JoinType {
+    /// The pipeline file's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Inner => "inner",
+            Self::Left => "left",
+            Self::Right => "right",
+            Self::Full => "full",
+            Self::LeftSemi => "left_semi",
+            Self::LeftAnti => "left_anti",
+        }
+    }
 }
 
 /// A `[[function]]`: a scalar function that a plugin of world `scalar-function` offers to SQL.
@@ -378,6 +460,10 @@ impl Default for PluginLimits {
 }
 
 /// The `[sink]` table.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per pipeline, read once; boxing would only add noise where it is matched"
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum SinkSpec {
     /// `kind = "files"`: one file per batch, named by the batch id, under `path`.

@@ -55,7 +55,10 @@ fn set(table: &mut Table, segments: &[&str], at: usize, value: Value) -> Result<
         table.insert(key.to_string(), value);
         return Ok(());
     }
-    if at == 0 && matches!(key, "source" | "transform") && !table.contains_key(key) {
+    if at == 0
+        && matches!(key, "source" | "transform" | "table" | "function")
+        && !table.contains_key(key)
+    {
         return Err(format!("the file has no [[{key}]] to override"));
     }
     let entry = table

@@ -45,6 +45,8 @@ pub(super) struct RawPipeline {
     pub source: Option<Vec<RawSource>>,
     pub transform: Option<Vec<RawTransform>>,
     pub function: Option<Vec<RawFunction>>,
+    pub table: Option<Vec<RawTable>>,
+    pub join: Option<RawJoin>,
     pub watermark: Option<RawWatermark>,
     pub aggregate: Option<RawAggregate>,
     pub deduplicate: Option<RawDeduplicate>,
@@ -59,6 +61,8 @@ struct RawTop {
     source: Option<Vec<Table>>,
     transform: Option<Vec<RawTransform>>,
     function: Option<Vec<RawFunction>>,
+    table: Option<Vec<RawTable>>,
+    join: Option<RawJoin>,
     watermark: Option<RawWatermark>,
     aggregate: Option<RawAggregate>,
     deduplicate: Option<RawDeduplicate>,
@@ -184,6 +188,32 @@ pub(super) struct RawDeltaSource {
 pub(super) struct RawCsv {
     pub header: Option<bool>,
     pub delimiter: Option<String>,
+}
+
+/// One `[[table]]`: a static input of a stream-static join. One struct for both kinds; the keys
+/// that do not apply to a kind are reported by validation.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTable {
+    pub name: Option<String>,
+    pub kind: Option<String>,
+    pub path: Option<String>,
+    pub format: Option<String>,
+    pub schema: Option<String>,
+    pub csv: Option<RawCsv>,
+    pub max_size: Option<Value>,
+}
+
+/// `[join]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJoin {
+    pub left: Option<String>,
+    pub right: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub on: Option<Vec<String>>,
+    pub condition: Option<String>,
 }
 
 /// One `[[function]]`: a scalar function of a plugin (world `scalar-function`) that SQL calls.
@@ -429,6 +459,8 @@ pub(super) fn read(table: Table, collector: &mut Collector) -> Option<RawPipelin
             source: sources,
             transform: top.transform,
             function: top.function,
+            table: top.table,
+            join: top.join,
             watermark: top.watermark,
             aggregate: top.aggregate,
             deduplicate: top.deduplicate,

@@ -122,7 +122,7 @@ fn example_round_trips_to_the_expected_pipeline() {
             kind: SourceKind::Files(FilesSourceSpec {
                 path: base.join("data/orders"),
                 format: InputFormat::Json,
-                schema: std::sync::Arc::new(schema),
+                schema: Some(std::sync::Arc::new(schema)),
                 max_files_per_trigger: NonZeroUsize::new(1),
                 on_malformed: MalformedPolicy::Permissive,
                 dead_letter_path: None,
@@ -144,6 +144,8 @@ fn example_round_trips_to_the_expected_pipeline() {
             }),
         }],
         functions: vec![],
+        tables: vec![],
+        join: None,
         watermark: None,
         aggregate: None,
         deduplicate: None,
@@ -154,10 +156,11 @@ fn example_round_trips_to_the_expected_pipeline() {
         base_dir: base.to_path_buf(),
     };
     assert_eq!(pipeline, expected);
-    let amount = files_source(&pipeline).schema.field(3).clone();
+    let schema = files_source(&pipeline).schema.as_ref().unwrap();
+    let amount = schema.field(3).clone();
     assert_eq!(amount.data_type(), &DataType::Decimal128(12, 2));
     assert_eq!(
-        files_source(&pipeline).schema.field(4).data_type(),
+        schema.field(4).data_type(),
         &DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))
     );
 }
@@ -343,7 +346,7 @@ fn missing_tables_and_keys_are_named() {
     );
     assert_eq!(
         found[5].1,
-        "required key is missing: use \"json\" or \"csv\""
+        "required key is missing: use \"json\", \"csv\" or \"parquet\""
     );
     assert_eq!(
         found[7].1,
@@ -462,13 +465,13 @@ fn csv_options_and_malformed_modes() {
 
     let text = MINIMAL.replace(
         "format = \"json\"",
-        "format = \"parquet\"\non_malformed = \"ignore\"\ndead_letter_path = \"d\"\ncsv = { delimiter = \";;\" }",
+        "format = \"avro\"\non_malformed = \"ignore\"\ndead_letter_path = \"d\"\ncsv = { delimiter = \";;\" }",
     );
     let found = problems(dir.path(), &text, &[]);
     assert_eq!(
         found,
         vec![
-            ("source.orders.format".into(), "\"parquet\" is not a source format: use \"json\" or \"csv\"".into()),
+            ("source.orders.format".into(), "\"avro\" is not a file format: use \"json\", \"csv\" or \"parquet\"".into()),
             ("source.orders.on_malformed".into(), "\"ignore\" is not an on_malformed mode: use \"permissive\", \"drop\", \"fail\" or \"dead-letter\"".into()),
         ] as Vec<(String, String)>
     );
@@ -1575,5 +1578,61 @@ fn each_kind_reads_only_its_own_keys_and_reports_all_of_them() {
         paths(&found),
         ["sink.limits.speed", "sink.limits.memory"],
         "{found:?}"
+    );
+}
+
+#[test]
+fn parquet_files_sources_take_an_optional_schema() {
+    let dir = workspace();
+    // With a schema: columns by name, cast to it.
+    let text = MINIMAL.replace("format = \"json\"", "format = \"parquet\"");
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    let files = files_source(&p);
+    assert_eq!(files.format, InputFormat::Parquet);
+    assert_eq!(
+        files
+            .schema
+            .as_ref()
+            .map(|s| s.field(0).data_type().clone()),
+        Some(DataType::Int64)
+    );
+    assert_eq!(files.on_malformed, MalformedPolicy::Permissive);
+    assert_eq!(files.dead_letter_path, None);
+    // Without: the first file's, read when the query starts.
+    let text = MINIMAL.replace(
+        "format = \"json\"\nschema = \"id BIGINT\"\n",
+        "format = \"parquet\"\n",
+    );
+    let p = parse_in(dir.path(), &text, &[]).unwrap();
+    assert_eq!(files_source(&p).format, InputFormat::Parquet);
+    assert_eq!(files_source(&p).schema, None);
+    // An explicit default policy is accepted.
+    let text = MINIMAL.replace(
+        "format = \"json\"",
+        "format = \"parquet\"\non_malformed = \"permissive\"",
+    );
+    parse_in(dir.path(), &text, &[]).unwrap();
+    // CSV options and the handling of malformed rows do not apply.
+    let text = MINIMAL.replace(
+        "format = \"json\"",
+        "format = \"parquet\"\ncsv = { header = true }\non_malformed = \"drop\"\ndead_letter_path = \"d\"",
+    );
+    let no_malformed_rows = "does not apply to format = \"parquet\": Parquet files have no malformed rows (a file that cannot be read fails the batch, naming it)";
+    assert_eq!(
+        problems(dir.path(), &text, &[]),
+        vec![
+            (
+                "source.orders.csv".to_string(),
+                "csv options apply only to format = \"csv\" (format is \"parquet\")".to_string()
+            ),
+            (
+                "source.orders.on_malformed".to_string(),
+                no_malformed_rows.to_string()
+            ),
+            (
+                "source.orders.dead_letter_path".to_string(),
+                no_malformed_rows.to_string()
+            ),
+        ]
     );
 }

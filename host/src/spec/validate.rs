@@ -17,9 +17,9 @@ mod merge;
 
 use super::duration::parse_duration;
 use super::raw::{
-    RawAggregate, RawCapabilities, RawDeduplicate, RawDeltaSink, RawDeltaSource, RawFilesSource,
-    RawFunction, RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink, RawSource, RawTransform,
-    RawWatermark, SINK_KINDS, SOURCE_KINDS, source_label,
+    RawAggregate, RawCapabilities, RawCsv, RawDeduplicate, RawDeltaSink, RawDeltaSource,
+    RawFilesSource, RawFunction, RawJoin, RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink,
+    RawSource, RawTable, RawTransform, RawWatermark, SINK_KINDS, SOURCE_KINDS, source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
 use super::{
@@ -27,11 +27,11 @@ use super::{
     WindowSpec,
 };
 use super::{
-    Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DeltaSinkSpec, DeltaSourceSpec,
-    DirGrant, FilesSourceSpec, FunctionSpec, HttpGrant, InputFormat, MalformedPolicy,
-    MergeTableSpec, OutputFormat, OutputMode, Pipeline, PluginLimits, PluginSinkSpec, Problem,
-    QuerySpec, SinkSpec, SourceKind, SourceSpec, TransformKind, TransformSpec, Trigger,
-    WasmTransformSpec,
+    Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DEFAULT_TABLE_MAX_BYTES,
+    DeltaSinkSpec, DeltaSourceSpec, DirGrant, FilesSourceSpec, FunctionSpec, HttpGrant,
+    InputFormat, JoinSpec, JoinType, MalformedPolicy, MergeTableSpec, OutputFormat, OutputMode,
+    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
+    TableKind, TableSpec, TransformKind, TransformSpec, Trigger, WasmTransformSpec,
 };
 
 /// The largest linear memory a 32-bit Wasm instance can have.
@@ -167,6 +167,23 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
     let query = query(raw.query, base, c);
     let sources = sources(raw.source.unwrap_or_default(), base, c);
     let functions = functions(raw.function.unwrap_or_default(), base, c);
+    let tables = tables(raw.table.unwrap_or_default(), sources.as_deref(), base, c);
+    let join = raw.join.map(|j| join(j, sources.as_deref(), &tables, c));
+    if !matches!(join, Some(None)) {
+        for (i, t) in tables.iter().enumerate() {
+            let Some(t) = t else { continue };
+            let joined = matches!(&join, Some(Some(j)) if j.left == t.name || j.right == t.name);
+            if !joined {
+                c.push(
+                    &format!("table[{i}]"),
+                    format!(
+                        "{:?} is not an input of [join]: a [[table]] is read to be joined with the stream",
+                        t.name
+                    ),
+                );
+            }
+        }
+    }
     // The SQL is checked with the functions that are valid; an invalid one is reported above.
     let declared = crate::sql::PluginFunction::declared(
         &functions.iter().flatten().cloned().collect::<Vec<_>>(),
@@ -178,8 +195,14 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         .enumerate()
         .map(|(i, t)| transform(i, t, base, &declared, c))
         .collect();
+    // Where the inputs meet: their union, or the join's output.
+    let meet =
+        |inputs: &[Option<arrow_schema::SchemaRef>], c: &mut Collector| match (&join, &sources) {
+            (Some(Some(j)), Some(sources)) => join_schema(j, sources, inputs, &tables, c),
+            _ => union_schema(inputs),
+        };
     let rows = match &sources {
-        Some(sources) => transform_inputs(sources, &transforms, &declared, c),
+        Some(sources) => transform_inputs(sources, &transforms, &declared, &meet, c),
         None => None,
     };
     let watermark = raw.watermark.map(|w| watermark(w, c));
@@ -220,6 +243,8 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         sources: sources?,
         transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
         functions: functions.into_iter().collect::<Option<Vec<_>>>()?,
+        tables: tables.into_iter().collect::<Option<Vec<_>>>()?,
+        join: present(join).ok()?,
         watermark: present(watermark).ok()?,
         aggregate: present(aggregate).ok()?,
         deduplicate: present(deduplicate).ok()?,
@@ -238,6 +263,7 @@ fn transform_inputs(
     sources: &[SourceSpec],
     transforms: &[Option<TransformSpec>],
     functions: &[crate::sql::PluginFunction],
+    meet: &Meet<'_>,
     c: &mut Collector,
 ) -> Option<arrow_schema::SchemaRef> {
     let mut inputs: Vec<Option<arrow_schema::SchemaRef>> = sources
@@ -277,7 +303,7 @@ fn transform_inputs(
             }
             None => {
                 first_of_all.get_or_insert(i);
-                met.get_or_insert_with(|| meet(&inputs))
+                met.get_or_insert_with(|| meet(&inputs, c))
             }
         };
         match &t.kind {
@@ -296,11 +322,16 @@ fn transform_inputs(
             TransformKind::Wasm(_) => *schema = None,
         }
     }
-    met.unwrap_or_else(|| meet(&inputs))
+    met.unwrap_or_else(|| meet(&inputs, c))
 }
 
+/// Where the inputs meet, given their schemas after their own transforms: the union's or the
+/// join's schema, when known.
+type Meet<'a> = dyn Fn(&[Option<arrow_schema::SchemaRef>], &mut Collector) -> Option<arrow_schema::SchemaRef>
+    + 'a;
+
 /// The schema of the unioned inputs: known when every input's is, and they agree.
-fn meet(inputs: &[Option<arrow_schema::SchemaRef>]) -> Option<arrow_schema::SchemaRef> {
+fn union_schema(inputs: &[Option<arrow_schema::SchemaRef>]) -> Option<arrow_schema::SchemaRef> {
     let first = inputs.first().cloned().flatten()?;
     inputs
         .iter()
@@ -710,10 +741,13 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
     // nothing for a Delta table, whose schema is known only when it is read
     // (the query checks it then).
     let columns = |s: &SourceSpec| match &s.kind {
-        SourceKind::Files(f) => Some((
-            Some(Arc::clone(&f.schema)),
-            f.on_malformed == MalformedPolicy::Permissive,
-        )),
+        // A Parquet source without `schema`: known once its first file is read.
+        SourceKind::Files(f) => f.schema.as_ref().map(|schema| {
+            (
+                Some(Arc::clone(schema)),
+                f.on_malformed == MalformedPolicy::Permissive && f.format != InputFormat::Parquet,
+            )
+        }),
         SourceKind::Kafka(k) => Some(match &k.value_format {
             super::KafkaValueFormat::Raw => (None, false),
             super::KafkaValueFormat::Json(schema) => (
@@ -815,50 +849,18 @@ fn files_source(
 ) -> Option<SourceSpec> {
     let key = |k: &str| format!("{label}.{k}");
     let path = c.path(&key("path"), s.path, base);
-    let format_name = s.format.as_deref();
-    let format = match format_name {
-        None => {
-            c.push(
-                &key("format"),
-                "required key is missing: use \"json\" or \"csv\"",
-            );
-            None
-        }
-        Some(f) => c.choice(
-            &key("format"),
-            f,
-            "a source format",
-            &[("json", "json"), ("csv", "csv")],
-        ),
+    let parquet = s.format.as_deref() == Some("parquet");
+    let format = input_format(c, label, s.format.as_deref(), s.csv);
+    // Parquet files carry their schema: `schema` is optional there (the first file's).
+    let schema = match s.schema {
+        None if parquet => Some(None),
+        ddl => c.required(&key("schema"), ddl).and_then(|ddl| {
+            super::ddl::parse_schema(&ddl)
+                .map(|schema| Some(Arc::new(schema)))
+                .map_err(|err| c.push(&key("schema"), err))
+                .ok()
+        }),
     };
-    let format = match (format, s.csv) {
-        (Some("json"), Some(_)) => {
-            c.push(
-                &key("csv"),
-                "csv options apply only to format = \"csv\" (format is \"json\")",
-            );
-            None
-        }
-        (Some("json"), None) => Some(InputFormat::Json),
-        (Some(_), csv) => {
-            let csv = csv.unwrap_or_default();
-            let delimiter = match csv.delimiter.as_deref() {
-                None => Some(b','),
-                Some(d) => delimiter(c, &key("csv.delimiter"), d),
-            };
-            delimiter.map(|delimiter| InputFormat::Csv {
-                // Spark's default: the first line is data unless `header = true`.
-                header: csv.header.unwrap_or(false),
-                delimiter,
-            })
-        }
-        (None, _) => None,
-    };
-    let schema = c.required(&key("schema"), s.schema).and_then(|ddl| {
-        super::ddl::parse_schema(&ddl)
-            .map_err(|err| c.push(&key("schema"), err))
-            .ok()
-    });
     let max_files_per_trigger = match s.max_files_per_trigger {
         None => Some(None),
         Some(n) => c
@@ -867,14 +869,26 @@ fn files_source(
             .and_then(NonZeroUsize::new)
             .map(Some),
     };
-    let (on_malformed, dead_letter_path) =
-        malformed_policy(c, label, s.on_malformed, s.dead_letter_path, base);
+    let (on_malformed, dead_letter_path) = if parquet {
+        // A Parquet file has no malformed rows: one that cannot be read fails the batch.
+        let does_not_apply = "does not apply to format = \"parquet\": Parquet files have no \
+                              malformed rows (a file that cannot be read fails the batch, naming it)";
+        if s.on_malformed.as_deref().is_some_and(|m| m != "permissive") {
+            c.push(&key("on_malformed"), does_not_apply);
+        }
+        if s.dead_letter_path.is_some() {
+            c.push(&key("dead_letter_path"), does_not_apply);
+        }
+        (Some(MalformedPolicy::Permissive), Some(None))
+    } else {
+        malformed_policy(c, label, s.on_malformed, s.dead_letter_path, base)
+    };
     Some(SourceSpec {
         name: name?,
         kind: SourceKind::Files(FilesSourceSpec {
             path: path?,
             format: format?,
-            schema: Arc::new(schema?),
+            schema: schema?,
             max_files_per_trigger: max_files_per_trigger?,
             on_malformed: on_malformed?,
             dead_letter_path: dead_letter_path?,
@@ -1089,6 +1103,350 @@ fn transform(
             capabilities: capabilities?,
         }),
     })
+}
+
+/// The `[[table]]`s: static inputs of a join, each named apart from the sources.
+fn tables(
+    raw: Vec<RawTable>,
+    sources: Option<&[SourceSpec]>,
+    base: &Path,
+    c: &mut Collector,
+) -> Vec<Option<TableSpec>> {
+    let mut seen: Vec<String> = Vec::new();
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let spec = table(i, t, base, c)?;
+            let label = format!("table[{i}].name");
+            if seen.contains(&spec.name) {
+                c.push(&label, format!("{:?} is the name of another [[table]]", spec.name));
+                return None;
+            }
+            if sources.is_some_and(|s| s.iter().any(|s| s.name == spec.name)) {
+                c.push(&label, format!("{:?} is the name of a [[source]]: a join names its inputs, give them other names", spec.name));
+                return None;
+            }
+            seen.push(spec.name.clone());
+            Some(spec)
+        })
+        .collect()
+}
+
+/// One `[[table]]`.
+fn table(index: usize, t: RawTable, base: &Path, c: &mut Collector) -> Option<TableSpec> {
+    let label = format!("table[{index}]");
+    let key = |k: &str| format!("{label}.{k}");
+    let name = c
+        .required(&key("name"), t.name)
+        .and_then(|n| check_name(c, &key("name"), n));
+    let path = c.path(&key("path"), t.path, base);
+    let max_bytes = size_or(c, &key("max_size"), t.max_size, DEFAULT_TABLE_MAX_BYTES);
+    let kind = match c.required(&key("kind"), t.kind).as_deref() {
+        None => None,
+        Some("files") => {
+            let format = input_format(c, &label, t.format.as_deref(), t.csv);
+            let schema = match (t.schema, format) {
+                (Some(ddl), _) => super::ddl::parse_schema(&ddl)
+                    .map(|s| Some(Arc::new(s)))
+                    .map_err(|err| c.push(&key("schema"), err))
+                    .ok(),
+                (None, Some(InputFormat::Parquet)) => Some(None),
+                (None, Some(_)) => {
+                    c.push(
+                        &key("schema"),
+                        "required key is missing: JSON and CSV tables declare their columns (\"customer_id BIGINT, name STRING\")",
+                    );
+                    None
+                }
+                (None, None) => None,
+            };
+            Some(TableKind::Files {
+                path: path.clone()?,
+                format: format?,
+                schema: schema?,
+            })
+        }
+        Some("delta") => {
+            for (k, present) in [
+                ("format", t.format.is_some()),
+                ("schema", t.schema.is_some()),
+                ("csv", t.csv.is_some()),
+            ] {
+                if present {
+                    c.push(
+                        &key(k),
+                        "applies to kind = \"files\": a Delta table has its own format and schema",
+                    );
+                }
+            }
+            Some(TableKind::Delta {
+                path: path.clone()?,
+            })
+        }
+        Some(other) => {
+            c.push(
+                &key("kind"),
+                format!("{other:?} is not a table kind: use \"files\" or \"delta\""),
+            );
+            None
+        }
+    };
+    Some(TableSpec {
+        name: name?,
+        kind: kind?,
+        max_bytes: max_bytes?,
+    })
+}
+
+/// `[join]`: its inputs, type, keys and condition, and Spark's rules for a stream-static join.
+fn join(
+    raw: RawJoin,
+    sources: Option<&[SourceSpec]>,
+    tables: &[Option<TableSpec>],
+    c: &mut Collector,
+) -> Option<JoinSpec> {
+    let source_names: Vec<&str> = sources
+        .unwrap_or_default()
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    let table_names: Vec<&str> = tables.iter().flatten().map(|t| t.name.as_str()).collect();
+    let mut input = |k: &str, name: Option<String>| -> Option<(String, bool)> {
+        let name = c.required(&format!("join.{k}"), name)?;
+        if source_names.contains(&name.as_str()) {
+            Some((name, true))
+        } else if table_names.contains(&name.as_str()) {
+            Some((name, false))
+        } else {
+            let all: Vec<&str> = source_names.iter().chain(&table_names).copied().collect();
+            c.push(
+                &format!("join.{k}"),
+                format!(
+                    "no [[source]] or [[table]] is named {name:?} (the inputs are {})",
+                    all.join(", ")
+                ),
+            );
+            None
+        }
+    };
+    let left = input("left", raw.left);
+    let right = input("right", raw.right);
+    let kind = match raw.kind.as_deref() {
+        None => Some(JoinType::Inner),
+        Some(text) => {
+            let folded = text.to_ascii_lowercase().replace('_', "");
+            let kind = match folded.as_str() {
+                "inner" => Some(JoinType::Inner),
+                "left" | "leftouter" => Some(JoinType::Left),
+                "right" | "rightouter" => Some(JoinType::Right),
+                "full" | "fullouter" | "outer" => Some(JoinType::Full),
+                "leftsemi" | "semi" => Some(JoinType::LeftSemi),
+                "leftanti" | "anti" => Some(JoinType::LeftAnti),
+                _ => None,
+            };
+            if kind.is_none() {
+                c.push(
+                    "join.type",
+                    format!(
+                        "{text:?} is not a join type: use \"inner\", \"left\", \"right\", \"full\", \"left_semi\" or \"left_anti\" (Spark's \"leftOuter\" spellings too)"
+                    ),
+                );
+            }
+            kind
+        }
+    };
+    let on = match c.required("join.on", raw.on) {
+        None => None,
+        Some(on) if on.is_empty() => {
+            c.push(
+                "join.on",
+                "must name at least one column that both inputs have",
+            );
+            None
+        }
+        Some(on) => {
+            let mut ok = true;
+            for (i, column) in on.iter().enumerate() {
+                if column.trim().is_empty() {
+                    ok = false;
+                    c.push(&format!("join.on[{i}]"), "must not be empty");
+                } else if on[..i].contains(column) {
+                    ok = false;
+                    c.push(
+                        &format!("join.on[{i}]"),
+                        format!("column {column:?} is listed twice"),
+                    );
+                }
+            }
+            ok.then_some(on)
+        }
+    };
+    let (left, left_stream) = left?;
+    let (right, right_stream) = right?;
+    let kind = kind?;
+    if left == right {
+        c.push(
+            "join.right",
+            format!("joins {left:?} with itself: a join has two inputs"),
+        );
+        return None;
+    }
+    match (left_stream, right_stream) {
+        (true, true) => {
+            c.push(
+                "join",
+                format!(
+                    "{left} and {right} are both [[source]]s: stream-stream joins are not supported yet; join a stream with a [[table]]"
+                ),
+            );
+            return None;
+        }
+        (false, false) => {
+            c.push(
+                "join",
+                format!("{left} and {right} are both [[table]]s: a join needs a stream, a [[source]], on one side"),
+            );
+            return None;
+        }
+        _ => {}
+    }
+    let refused = match (kind, left_stream) {
+        (JoinType::Inner, _)
+        | (JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti, true)
+        | (JoinType::Right, false) => None,
+        (JoinType::Right, true) => Some(format!(
+            "a right outer join with the stream ({left}) on the left is not supported, as in Spark: the table's unmatched rows would be emitted by every batch; put the stream on the right, or use \"left\""
+        )),
+        (JoinType::Full, _) => Some(
+            "a full outer join of a stream with a static table is not supported, as in Spark: the table's unmatched rows would be emitted by every batch".to_owned(),
+        ),
+        (JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti, false) => Some(format!(
+            "a {} join with the table ({left}) on the left is not supported, as in Spark: the table's unmatched rows would be emitted by every batch; put the stream on the left",
+            kind.name()
+        )),
+    };
+    if let Some(why) = refused {
+        c.push("join.type", why);
+        return None;
+    }
+    let stream = if left_stream { &left } else { &right };
+    if source_names.len() > 1 {
+        c.push(
+            "join",
+            format!(
+                "a stream-static join reads one [[source]] ({stream}); this query has {}: union them in a query of their own",
+                source_names.len()
+            ),
+        );
+        return None;
+    }
+    let condition = match raw.condition {
+        None => Some(None),
+        Some(text) => match crate::sql::RowCondition::parse_join(&text, &left, &right) {
+            Ok(cond) => Some(Some(cond)),
+            Err(e) => {
+                c.push("join.condition", format!("{text:?}: {e}"));
+                None
+            }
+        },
+    };
+    Some(JoinSpec {
+        left,
+        right,
+        kind,
+        on: on?,
+        condition: condition?,
+    })
+}
+
+/// The join's output, when both inputs' schemas are known: the key and column checks, and the
+/// condition planned against both.
+fn join_schema(
+    j: &JoinSpec,
+    sources: &[SourceSpec],
+    inputs: &[Option<arrow_schema::SchemaRef>],
+    tables: &[Option<TableSpec>],
+    c: &mut Collector,
+) -> Option<arrow_schema::SchemaRef> {
+    let schema_of = |name: &str| -> Option<arrow_schema::SchemaRef> {
+        if let Some(i) = sources.iter().position(|s| s.name == name) {
+            return inputs.get(i).cloned().flatten();
+        }
+        tables
+            .iter()
+            .flatten()
+            .find(|t| t.name == name)
+            .and_then(|t| match &t.kind {
+                TableKind::Files { schema, .. } => schema.clone(),
+                TableKind::Delta { .. } => None,
+            })
+    };
+    let (left, right) = (schema_of(&j.left)?, schema_of(&j.right)?);
+    let out = match crate::operator::join::output_schema(j, &left, &right) {
+        Ok(out) => out,
+        Err(e) => {
+            c.push("join.on", e);
+            return None;
+        }
+    };
+    if let Some(condition) = &j.condition
+        && let Err(e) = condition.plan_two(&left, &right)
+    {
+        c.push(
+            "join.condition",
+            format!("{:?}: {e}", condition.to_string()),
+        );
+    }
+    Some(out)
+}
+
+/// `format` (json, csv, parquet) and its `csv` options, of a files source or table at `label`.
+fn input_format(
+    c: &mut Collector,
+    label: &str,
+    format: Option<&str>,
+    csv: Option<RawCsv>,
+) -> Option<InputFormat> {
+    let key = |k: &str| format!("{label}.{k}");
+    let format = match format {
+        None => {
+            c.push(
+                &key("format"),
+                "required key is missing: use \"json\", \"csv\" or \"parquet\"",
+            );
+            None
+        }
+        Some(f) => c.choice(
+            &key("format"),
+            f,
+            "a file format",
+            &[("json", "json"), ("csv", "csv"), ("parquet", "parquet")],
+        ),
+    };
+    match (format, csv) {
+        (Some(name @ ("json" | "parquet")), Some(_)) => {
+            c.push(
+                &key("csv"),
+                format!("csv options apply only to format = \"csv\" (format is {name:?})"),
+            );
+            None
+        }
+        (Some("json"), None) => Some(InputFormat::Json),
+        (Some("parquet"), None) => Some(InputFormat::Parquet),
+        (Some(_), csv) => {
+            let csv = csv.unwrap_or_default();
+            let delimiter = match csv.delimiter.as_deref() {
+                None => Some(b','),
+                Some(d) => delimiter(c, &key("csv.delimiter"), d),
+            };
+            delimiter.map(|delimiter| InputFormat::Csv {
+                // Spark's default: the first line is data unless `header = true`.
+                header: csv.header.unwrap_or(false),
+                delimiter,
+            })
+        }
+        (None, _) => None,
+    }
 }
 
 /// The `[[function]]` tables: each a plugin's scalar function with its SQL name and types.
@@ -1561,8 +1919,13 @@ fn delta_sink(c: &mut Collector, s: RawDeltaSink, base: &Path) -> Option<SinkSpe
 
 /// `target_file_size` of a Delta writer: a size such as "128 MiB" or a number of bytes.
 pub(super) fn file_size(c: &mut Collector, path: &str, value: Option<Value>) -> Option<u64> {
+    size_or(c, path, value, DEFAULT_DELTA_TARGET_FILE_SIZE)
+}
+
+/// A size such as "128 MiB" or a number of bytes, more than zero; `default` when absent.
+fn size_or(c: &mut Collector, path: &str, value: Option<Value>, default: u64) -> Option<u64> {
     match value {
-        None => Some(DEFAULT_DELTA_TARGET_FILE_SIZE),
+        None => Some(default),
         Some(Value::Integer(n)) => c.positive(path, n),
         Some(Value::String(text)) => match parse_byte_size(&text) {
             Ok(0) => {

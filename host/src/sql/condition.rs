@@ -1,5 +1,7 @@
 //! Conditions that compare two rows: a Delta MERGE's `s.` (the batch's row) and `t.` (the
-//! table's row with the same key), as in Delta's `whenMatchedUpdate(condition = "s.v > t.v")`.
+//! table's row with the same key), as in Delta's `whenMatchedUpdate(condition = "s.v > t.v")`,
+//! and a join's, whose rows are qualified by their inputs' names (`orders.amount > 10 AND
+//! customers.tier = 'gold'`).
 //!
 //! The text is read when the pipeline file is (every column qualified, no aggregate, sub-query
 //! or clock), so a typo stops the query before it starts. It is planned with the transforms'
@@ -35,11 +37,32 @@ pub enum Sides {
     SourceOnly,
 }
 
-/// A condition over a batch row (`s.`) and the table row it matched (`t.`), read and checked.
+/// How a condition's columns are qualified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Qualifiers {
+    /// A MERGE: `s.` (the batch's row) and, unless inserting, `t.` (the table's row).
+    Merge(Sides),
+    /// A join: each input by its name, the left one first.
+    Join { left: String, right: String },
+}
+
+impl Qualifiers {
+    /// The names the condition's columns are planned under: `<label>.<column>`.
+    fn labels(&self) -> (&str, &str) {
+        match self {
+            Self::Merge(_) => ("s", "t"),
+            Self::Join { left, right } => (left, right),
+        }
+    }
+}
+
+/// A condition over a batch row (`s.`) and the table row it matched (`t.`), or over the two
+/// rows a join pairs, read and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowCondition {
     /// As written.
     text: String,
+    qualifiers: Qualifiers,
     /// `SELECT <condition> AS holds FROM input`, columns renamed to `s.<c>` / `t.<c>`.
     select: String,
     /// The batch's columns it reads, as written, in order of first use.
@@ -64,6 +87,31 @@ impl RowCondition {
     /// # Errors
     /// A [`PlanError`] naming the first problem.
     pub fn parse(text: &str, sides: Sides) -> Result<Self, PlanError> {
+        Self::parse_with(text, Qualifiers::Merge(sides))
+    }
+
+    /// Reads a join's `condition`, whose columns are qualified by the inputs' names (`left` and
+    /// `right`, matched without regard to case), and runs every check that needs no schema.
+    ///
+    /// # Errors
+    /// A [`PlanError`] naming the first problem.
+    pub fn parse_join(text: &str, left: &str, right: &str) -> Result<Self, PlanError> {
+        Self::parse_with(
+            text,
+            Qualifiers::Join {
+                left: left.to_owned(),
+                right: right.to_owned(),
+            },
+        )
+    }
+
+    fn parse_with(text: &str, qualifiers: Qualifiers) -> Result<Self, PlanError> {
+        let (source_label, target_label) = qualifiers.labels();
+        let (source_label, target_label) = (source_label.to_owned(), target_label.to_owned());
+        let not_here = |what: String| match &qualifiers {
+            Qualifiers::Merge(_) => not_here(what),
+            Qualifiers::Join { .. } => PlanError::NotInJoinCondition { what },
+        };
         let dialect = SparkSqlDialect {};
         let syntax = |e: &dyn std::fmt::Display| PlanError::Syntax(e.to_string());
         let mut parser = Parser::new(&dialect)
@@ -79,33 +127,52 @@ impl RowCondition {
         // Post-order: a renamed column is a new leaf and is not visited again.
         let _ = visit_expressions_mut(&mut expr, |e| {
             let outcome = match e {
-                SqlExpr::Identifier(id) => Err(PlanError::Unqualified {
-                    column: id.value.clone(),
+                SqlExpr::Identifier(id) => Err(match &qualifiers {
+                    Qualifiers::Merge(_) => PlanError::Unqualified {
+                        column: id.value.clone(),
+                    },
+                    Qualifiers::Join { left, right } => PlanError::UnqualifiedJoin {
+                        column: id.value.clone(),
+                        left: left.clone(),
+                        right: right.clone(),
+                    },
                 }),
                 SqlExpr::CompoundIdentifier(parts) => match parts.as_slice() {
                     [side, column] => {
                         let side = side.value.to_ascii_lowercase();
                         let column = column.value.clone();
-                        match (side.as_str(), sides) {
-                            ("s", _) => {
+                        let is_source = side == source_label.to_ascii_lowercase();
+                        let is_target = side == target_label.to_ascii_lowercase();
+                        match (&qualifiers, is_source, is_target) {
+                            (_, true, _) => {
                                 if !source.contains(&column) {
                                     source.push(column.clone());
                                 }
-                                Ok(Some(format!("s.{column}")))
+                                Ok(Some(format!("{source_label}.{column}")))
                             }
-                            ("t", Sides::Both) => {
+                            (Qualifiers::Merge(Sides::SourceOnly), _, true) => {
+                                Err(not_here(format!(
+                                    "t.{column} (an inserted row has no table row; use s. columns)"
+                                )))
+                            }
+                            (_, _, true) => {
                                 if !target.contains(&column) {
                                     target.push(column.clone());
                                 }
-                                Ok(Some(format!("t.{column}")))
+                                Ok(Some(format!("{target_label}.{column}")))
                             }
-                            ("t", Sides::SourceOnly) => Err(not_here(format!(
-                                "t.{column} (an inserted row has no table row; use s. columns)"
-                            ))),
-                            _ => Err(PlanError::UnknownSide {
+                            (Qualifiers::Merge(_), _, _) => Err(PlanError::UnknownSide {
                                 column: format!("{side}.{column}"),
                                 side,
                             }),
+                            (Qualifiers::Join { left, right }, _, _) => {
+                                Err(PlanError::UnknownInput {
+                                    column: format!("{side}.{column}"),
+                                    side,
+                                    left: left.clone(),
+                                    right: right.clone(),
+                                })
+                            }
                         }
                     }
                     _ => Err(PlanError::Unqualified {
@@ -145,6 +212,7 @@ impl RowCondition {
         })?;
         Ok(Self {
             text: text.to_owned(),
+            qualifiers,
             select,
             source,
             target,
@@ -157,46 +225,61 @@ impl RowCondition {
     /// # Errors
     /// An unknown column (with the nearest one), or a condition that is not a BOOLEAN.
     pub fn plan(&self, batch: &SchemaRef) -> Result<ConditionPlan, PlanError> {
-        let resolve = |side: &str, column: &str| -> Result<(String, Field), PlanError> {
-            let names = || batch.fields().iter().map(|f| f.name().as_str());
-            let found = batch
-                .fields()
-                .iter()
-                .find(|f| f.name() == column)
-                .or_else(|| {
-                    let mut same = batch
-                        .fields()
-                        .iter()
-                        .filter(|f| f.name().eq_ignore_ascii_case(column));
-                    match (same.next(), same.next()) {
-                        (Some(one), None) => Some(one),
-                        _ => None,
-                    }
-                })
-                .ok_or_else(|| PlanError::UnknownRowColumn {
-                    column: format!("{side}.{column}"),
-                    nearest: nearest(column, names()).map(|n| format!("{side}.{n}")),
-                    columns: names().map(|n| format!("{side}.{n}")).collect(),
-                })?;
-            Ok((
-                found.name().clone(),
-                Field::new(
-                    format!("{side}.{}", found.name()),
-                    found.data_type().clone(),
-                    true,
-                ),
-            ))
-        };
+        self.plan_two(batch, batch)
+    }
+
+    /// Plans the condition for rows of `left` (the source's, or a join's left input) paired
+    /// with rows of `right`.
+    ///
+    /// # Errors
+    /// As [`Self::plan`].
+    pub fn plan_two(
+        &self,
+        left: &SchemaRef,
+        right: &SchemaRef,
+    ) -> Result<ConditionPlan, PlanError> {
+        let (source_label, target_label) = self.qualifiers.labels();
+        let resolve =
+            |batch: &SchemaRef, side: &str, column: &str| -> Result<(String, Field), PlanError> {
+                let names = || batch.fields().iter().map(|f| f.name().as_str());
+                let found = batch
+                    .fields()
+                    .iter()
+                    .find(|f| f.name() == column)
+                    .or_else(|| {
+                        let mut same = batch
+                            .fields()
+                            .iter()
+                            .filter(|f| f.name().eq_ignore_ascii_case(column));
+                        match (same.next(), same.next()) {
+                            (Some(one), None) => Some(one),
+                            _ => None,
+                        }
+                    })
+                    .ok_or_else(|| PlanError::UnknownRowColumn {
+                        column: format!("{side}.{column}"),
+                        nearest: nearest(column, names()).map(|n| format!("{side}.{n}")),
+                        columns: names().map(|n| format!("{side}.{n}")).collect(),
+                    })?;
+                Ok((
+                    found.name().clone(),
+                    Field::new(
+                        format!("{side}.{}", found.name()),
+                        found.data_type().clone(),
+                        true,
+                    ),
+                ))
+            };
         let mut fields = Vec::new();
         let mut source = Vec::new();
         let mut target = Vec::new();
         for c in &self.source {
-            let (name, field) = resolve("s", c)?;
+            let (name, field) = resolve(left, source_label, c)?;
             source.push(name);
             fields.push(field);
         }
         for c in &self.target {
-            let (name, field) = resolve("t", c)?;
+            let (name, field) = resolve(right, target_label, c)?;
             target.push(name);
             fields.push(field);
         }

@@ -86,6 +86,25 @@ pub enum PlanError {
         "{what} is not supported in a MERGE condition: it compares one row of the batch (s.) with the table's row of the same key (t.)"
     )]
     NotInCondition { what: String },
+    #[error("the column {column} is not qualified: write {left}.{column} or {right}.{column}")]
+    UnqualifiedJoin {
+        column: String,
+        left: String,
+        right: String,
+    },
+    #[error(
+        "{column}: {side} is neither {left} (the join's left input) nor {right} (its right input)"
+    )]
+    UnknownInput {
+        column: String,
+        side: String,
+        left: String,
+        right: String,
+    },
+    #[error(
+        "{what} is not supported in a join condition: it compares a row of one input with a row of the other"
+    )]
+    NotInJoinCondition { what: String },
     #[error("no column {column:?}{}; the columns are {}", nearest_text(.nearest), .columns.join(", "))]
     UnknownRowColumn {
         column: String,
