@@ -162,6 +162,11 @@ fn pipeline(args: &[String]) -> Result<()> {
         per_cpu[2] / per_cpu[3],
         per_cpu[0] / per_cpu[3]
     );
+    println!(
+        "SQL (every row and column, three more)/no-transform CPU ratio (median): {:.3}; with the Wasm count_char: {:.3}",
+        per_cpu[4] / per_cpu[3],
+        per_cpu[5] / per_cpu[3]
+    );
     let fixed = sql_fixed_cost()?;
     println!(
         "SQL transform fixed cost per batch (1-row batches, median of 5 × 20,000): {fixed:.2} µs"
@@ -175,8 +180,18 @@ fn pipeline(args: &[String]) -> Result<()> {
 }
 
 /// The variants of `pipeline`: the Wasm filter, the same filter native, the
-/// SQL transform of issue 14, and no transform at all.
-const VARIANTS: [&str; 4] = ["wasm", "native", "sql", "none"];
+/// SQL transform of issue 14, and no transform at all; then SQL that keeps every row and
+/// column and adds three (the same output as `none` and more), and the same with a Wasm
+/// scalar function (`[[function]] count_char`, world `scalar-function`) instead of `upper`.
+const VARIANTS: [&str; 6] = ["wasm", "native", "sql", "none", "sql-all", "udf"];
+
+/// `sql-all`: every row, every column, and three computed ones.
+const BENCH_SQL_ALL: &str = "SELECT *, upper(status) AS status_upper, amount * 2 AS doubled, \
+                             current_timestamp() AS ingested_at FROM input";
+
+/// `udf`: as `sql-all`, with the plugin's `count_char` for the string function.
+const BENCH_SQL_UDF: &str = "SELECT *, count_char(session_id, '-') AS dashes, amount * 2 AS doubled, \
+                             current_timestamp() AS ingested_at FROM input";
 
 /// The statement the SQL variant runs.
 const BENCH_SQL: &str = "SELECT order_id, upper(status) AS status, amount * 2 AS doubled, \
@@ -227,6 +242,12 @@ fn pipeline_file(input: &Path, variant: &str) -> String {
     let transform = match variant {
         "wasm" => "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n".to_owned(),
         "sql" => format!("[[transform]]\nname = \"enrich\"\nsql = \"{BENCH_SQL}\"\n"),
+        "sql-all" => format!("[[transform]]\nname = \"enrich\"\nsql = \"{BENCH_SQL_ALL}\"\n"),
+        "udf" => format!(
+            "[[function]]\nname = \"count_char\"\nplugin = \"plugins/count_char.wasm\"\n\
+             arguments = [\"STRING\", \"STRING\"]\nreturns = \"INT\"\n\n\
+             [[transform]]\nname = \"enrich\"\nsql = \"{BENCH_SQL_UDF}\"\n"
+        ),
         _ => String::new(),
     };
     format!(

@@ -7,18 +7,17 @@
 //! the instance sits behind a mutex ([`SharedFunction`]); a batch's calls are sequential.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::DataType;
-use wasmtime::component::{HasSelf, Resource};
+use wasmtime::component::HasSelf;
 
 use super::bindings::scalar_function::{self, exports::weir::plugin::scalar};
 use super::convert;
 use super::engine::{LoadedPlugin, PluginEngine};
 use super::error::PluginError;
 use super::instance::{Live, PluginOptions, PluginUsage, Runtime, wit_info};
-use super::state::{BatchInfo, HostBatch, HostState};
+use super::state::{BatchInfo, HostState};
 use crate::failpoint::Phase;
 
 /// A function as the pipeline file declares it.
@@ -169,51 +168,17 @@ impl WasmFunction {
         if self.live.is_none() {
             self.start()?;
         }
-        let Some(live) = self.live.as_mut() else {
-            return Err(self.rt.err_instantiate("no live instance"));
-        };
-        let started = Instant::now();
-        self.rt.arm(&mut live.store)?;
-        let fuel_before = self.rt.fuel_left(&live.store);
-        live.store.data_mut().begin_call(info, Phase::InTransform);
-        let pushed = live.store.data_mut().table.push(HostBatch {
-            batch: args.clone(),
-        });
-        let Ok(resource) = pushed else {
-            let err = self.rt.err_resources(info.batch_id);
-            self.live = None;
-            return Err(err);
-        };
-        let rep = Resource::<HostBatch>::new_borrow(resource.rep());
-        let result = live.bindings.weir_plugin_scalar().call_call(
-            &mut live.store,
-            name,
-            &wit_info(info),
-            rep,
-        );
-        let _ = live.store.data_mut().table.delete(resource);
-        live.store.data_mut().call.phase = None;
-        live.store.data().log.end();
-        self.rt.account(&live.store, started, fuel_before);
-        if let Some(reason) = live.store.data_mut().http_guard.take_denied() {
-            if result.is_err() {
-                self.live = None;
-            }
-            return Err(PluginError::Denied {
-                plugin: self.rt.options.name.clone(),
-                batch_id: info.batch_id,
-                reason,
-            });
-        }
-        let column = match result {
-            Ok(Ok(column)) => column,
-            Ok(Err(e)) => return Err(self.rt.plugin_failure(info.batch_id, e)),
-            Err(e) => {
-                let err = self.rt.classify(&live.store, info.batch_id, &e);
-                self.live = None;
-                return Err(err);
-            }
-        };
+        let column = self.rt.call(
+            &mut self.live,
+            args,
+            info,
+            Phase::InTransform,
+            |bindings: &scalar_function::ScalarFunction, store, rep| {
+                bindings
+                    .weir_plugin_scalar()
+                    .call_call(store, name, &wit_info(info), rep)
+            },
+        )?;
         let (_, array) = convert::arrow_column(column, args.num_rows(), Some(&returns))
             .map_err(|reason| malformed(format!("{name}() returned a bad column: {reason}")))?;
         if array.data_type() != &returns {

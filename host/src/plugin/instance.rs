@@ -311,6 +311,68 @@ impl Runtime {
         }
     }
 
+    /// One call of the guest for batch `info`, with `batch` lent to it as a borrowed resource:
+    /// the deadline and fuel armed, the call booked, a sandbox refusal made the batch's failure
+    /// whatever the guest made of it, a trap or a limit classified. After anything but the
+    /// guest's own error the instance is dropped (`live` becomes `None`), and the next call
+    /// starts a fresh one.
+    pub(super) fn call<B, R>(
+        &mut self,
+        live: &mut Option<Live<B>>,
+        batch: &RecordBatch,
+        info: &BatchInfo,
+        phase: Phase,
+        call: impl FnOnce(
+            &B,
+            &mut Store<HostState>,
+            Resource<HostBatch>,
+        ) -> wasmtime::Result<Result<R, wit::PluginError>>,
+    ) -> Result<R, PluginError> {
+        let Some(l) = live.as_mut() else {
+            return Err(self.err_instantiate("no live instance"));
+        };
+        let started = Instant::now();
+        self.arm(&mut l.store)?;
+        let fuel_before = self.fuel_left(&l.store);
+        l.store.data_mut().begin_call(info, phase);
+        let pushed = l.store.data_mut().table.push(HostBatch {
+            batch: batch.clone(),
+        });
+        let Ok(resource) = pushed else {
+            // Resources it kept from earlier calls fill the table: start afresh.
+            let err = self.err_resources(info.batch_id);
+            *live = None;
+            return Err(err);
+        };
+        let rep = Resource::<HostBatch>::new_borrow(resource.rep());
+        let result = call(&l.bindings, &mut l.store, rep);
+        // The guest only borrowed the batch; take it back out of the table.
+        let _ = l.store.data_mut().table.delete(resource);
+        l.store.data_mut().call.phase = None;
+        l.store.data().log.end();
+        self.account(&l.store, started, fuel_before);
+        if let Some(reason) = l.store.data_mut().http_guard.take_denied() {
+            // Whatever the guest made of the refusal, the batch fails on it.
+            if result.is_err() {
+                *live = None;
+            }
+            return Err(PluginError::Denied {
+                plugin: self.options.name.clone(),
+                batch_id: info.batch_id,
+                reason,
+            });
+        }
+        match result {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(self.plugin_failure(info.batch_id, e)),
+            Err(e) => {
+                let err = self.classify(&l.store, info.batch_id, &e);
+                *live = None;
+                Err(err)
+            }
+        }
+    }
+
     /// The instance holds as many host resources as it may.
     pub(super) fn err_resources(&self, batch_id: u64) -> PluginError {
         PluginError::HostBudget {
@@ -573,55 +635,24 @@ impl WasmTransform {
         if self.live.is_none() {
             self.start()?;
         }
-        let Some(live) = self.live.as_mut() else {
-            return Err(self.rt.err_instantiate("no live instance"));
-        };
-        let started = Instant::now();
-        self.rt.arm(&mut live.store)?;
-        let fuel_before = self.rt.fuel_left(&live.store);
-        live.store.data_mut().begin_call(info, Phase::InTransform);
-        let pushed = live.store.data_mut().table.push(HostBatch {
-            batch: batch.clone(),
-        });
-        let Ok(resource) = pushed else {
-            // Resources it kept from earlier calls fill the table: start afresh.
-            let err = self.rt.err_resources(info.batch_id);
-            self.live = None;
-            return Err(err);
-        };
-        let rep = Resource::<HostBatch>::new_borrow(resource.rep());
-        let wit_info = wit_info(info);
-        live.store.data_mut().keyed = self.keyed.take();
-        let result =
-            live.bindings
-                .weir_plugin_transformer()
-                .call_process(&mut live.store, &wit_info, rep);
-        self.keyed = live.store.data_mut().keyed.take();
-        // The guest only borrowed the batch; take it back out of the table.
-        let _ = live.store.data_mut().table.delete(resource);
-        live.store.data_mut().call.phase = None;
-        live.store.data().log.end();
-        self.rt.account(&live.store, started, fuel_before);
-        if let Some(reason) = live.store.data_mut().http_guard.take_denied() {
-            // Whatever the guest made of the refusal, the batch fails on it.
-            if result.is_err() {
-                self.live = None;
-            }
-            return Err(PluginError::Denied {
-                plugin: self.rt.options.name.clone(),
-                batch_id: info.batch_id,
-                reason,
-            });
-        }
-        let output = match result {
-            Ok(Ok(output)) => output,
-            Ok(Err(e)) => return Err(self.rt.plugin_failure(info.batch_id, e)),
-            Err(e) => {
-                let err = self.rt.classify(&live.store, info.batch_id, &e);
-                self.live = None;
-                return Err(err);
-            }
-        };
+        let keyed = &mut self.keyed;
+        let output = self.rt.call(
+            &mut self.live,
+            batch,
+            info,
+            Phase::InTransform,
+            |bindings: &transform::Transform, store, rep| {
+                // The keyed state lives in the store for the length of the call.
+                store.data_mut().keyed = keyed.take();
+                let result = bindings.weir_plugin_transformer().call_process(
+                    &mut *store,
+                    &wit_info(info),
+                    rep,
+                );
+                *keyed = store.data_mut().keyed.take();
+                result
+            },
+        )?;
         let malformed = |reason: String| PluginError::MalformedOutput {
             plugin: self.rt.options.name.clone(),
             batch_id: info.batch_id,
@@ -818,55 +849,20 @@ impl WasmSink {
         if self.live.is_none() {
             self.start()?;
         }
-        let Some(live) = self.live.as_mut() else {
-            return Err(self.rt.err_instantiate("no live instance"));
-        };
-        let started = Instant::now();
-        self.rt.arm(&mut live.store)?;
-        let fuel_before = self.rt.fuel_left(&live.store);
-        live.store.data_mut().begin_call(info, Phase::InSink);
         if let Some(grants) = &self.rt.delta_merge {
             grants.lock().unwrap_or_else(|p| p.into_inner()).begin(info);
         }
-        let pushed = live.store.data_mut().table.push(HostBatch {
-            batch: batch.clone(),
-        });
-        let Ok(resource) = pushed else {
-            // Resources it kept from earlier calls fill the table: start afresh.
-            let err = self.rt.err_resources(info.batch_id);
-            self.live = None;
-            return Err(err);
-        };
-        let rep = Resource::<HostBatch>::new_borrow(resource.rep());
-        let result = live.bindings.weir_plugin_writer().call_write_batch(
-            &mut live.store,
-            &wit_info(info),
-            rep,
-        );
-        let _ = live.store.data_mut().table.delete(resource);
-        live.store.data_mut().call.phase = None;
-        live.store.data().log.end();
-        self.rt.account(&live.store, started, fuel_before);
-        if let Some(reason) = live.store.data_mut().http_guard.take_denied() {
-            // Whatever the guest made of the refusal, the batch fails on it.
-            if result.is_err() {
-                self.live = None;
-            }
-            return Err(PluginError::Denied {
-                plugin: self.rt.options.name.clone(),
-                batch_id: info.batch_id,
-                reason,
-            });
-        }
-        match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.rt.plugin_failure(info.batch_id, e)),
-            Err(e) => {
-                let err = self.rt.classify(&live.store, info.batch_id, &e);
-                self.live = None;
-                Err(err)
-            }
-        }
+        self.rt.call(
+            &mut self.live,
+            batch,
+            info,
+            Phase::InSink,
+            |bindings: &sink::Sink, store, rep| {
+                bindings
+                    .weir_plugin_writer()
+                    .call_write_batch(store, &wit_info(info), rep)
+            },
+        )
     }
 }
 
