@@ -57,8 +57,20 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let spark_python = flag(args, "--spark-python");
     let spark_bench = flag(args, "--spark-bench").map(PathBuf::from);
     let expect = flag(args, "--expect").map(PathBuf::from);
-    if !matches!(query.as_str(), "revenue" | "dedup") {
-        bail!("--query revenue|dedup");
+    if !matches!(query.as_str(), "revenue" | "dedup" | "join") {
+        bail!("--query revenue|dedup|join");
+    }
+    // The join query's static side: the customers dimension gen_orders.py writes beside the
+    // orders folder.
+    let customers = flag(args, "--customers").map_or_else(
+        || input.parent().unwrap_or(&input).join("customers.json"),
+        PathBuf::from,
+    );
+    if query == "join" && !customers.is_file() {
+        bail!(
+            "--customers {}: no such file (gen_orders.py writes customers.json beside the orders)",
+            customers.display()
+        );
     }
     if spark_python.is_some() != spark_bench.is_some() {
         bail!("--spark-python and --spark-bench go together");
@@ -83,6 +95,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
             &work.join(format!("r{run}")),
             &cache,
             &input,
+            &customers,
             &query,
             &store,
             &dedup_keys,
@@ -98,7 +111,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
         );
         weir.push(w);
         if let (Some(py), Some(dir)) = (&spark_python, &spark_bench) {
-            let s = spark_run(py, dir, &work, &input, &query, run)?;
+            let s = spark_run(py, dir, &work, &input, &customers, &query, run)?;
             eprintln!(
                 "spark run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows",
                 s.wall_s, s.cpu_s, s.peak_rss_mb, s.rows
@@ -205,9 +218,38 @@ fn show_difference(expected: &[String], got: &[String]) {
     }
 }
 
-fn pipeline_file(input: &Path, query: &str, store: &str, dedup_keys: &[String]) -> String {
+fn pipeline_file(
+    input: &Path,
+    customers: &Path,
+    query: &str,
+    store: &str,
+    dedup_keys: &[String],
+) -> String {
     let dedup = format!("[deduplicate]\nkeys = [{}]\n", dedup_keys.join(", "));
+    // Spark's `stream.join(customers, "customer_id", "left").groupBy(window, "country").count()`.
+    let join = format!(
+        r#"[[table]]
+name = "customers"
+kind = "files"
+path = "{}"
+format = "json"
+schema = "customer_id BIGINT, name STRING, country STRING, tier STRING"
+
+[join]
+left = "orders"
+right = "customers"
+type = "left"
+on = ["customer_id"]
+
+[aggregate]
+window = {{ column = "occurred_at", size = "5m" }}
+group_by = ["country"]
+select = ["count(*) AS orders"]
+"#,
+        customers.display()
+    );
     let stateful = match query {
+        "join" => &join,
         "revenue" => {
             r#"[aggregate]
 window = { column = "occurred_at", size = "5m" }
@@ -249,11 +291,16 @@ format = "parquet"
     )
 }
 
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the pieces are the benchmark's flags"
+)]
 fn weir_run(
     exe: &Path,
     work: &Path,
     cache: &Path,
     input: &Path,
+    customers: &Path,
     query: &str,
     store: &str,
     dedup_keys: &[String],
@@ -267,7 +314,10 @@ fn weir_run(
     }
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("pipeline.toml");
-    std::fs::write(&file, pipeline_file(input, query, store, dedup_keys))?;
+    std::fs::write(
+        &file,
+        pipeline_file(input, customers, query, store, dedup_keys),
+    )?;
     let started = Instant::now();
     let child = Command::new(exe)
         .args(["cli", "run"])
@@ -354,6 +404,32 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
         for batch in reader {
             let batch = batch?;
             count += batch.num_rows();
+            let ts = |v: i64| normalise_ts(&weir_host::progress::rfc3339_ms(v.div_euclid(1000)));
+            if query == "join" {
+                let col = |name: &str| {
+                    batch
+                        .column_by_name(name)
+                        .with_context(|| format!("no column {name} in {}", file.display()))
+                };
+                let start = col("window_start")?.as_primitive::<TimestampMicrosecondType>();
+                let end = col("window_end")?.as_primitive::<TimestampMicrosecondType>();
+                let country = col("country")?.as_string::<i32>();
+                let orders = col("orders")?.as_primitive::<Int64Type>();
+                for i in 0..batch.num_rows() {
+                    rows.push(format!(
+                        "{},{},{},{}",
+                        ts(start.value(i)),
+                        ts(end.value(i)),
+                        if country.is_null(i) {
+                            ""
+                        } else {
+                            country.value(i)
+                        },
+                        orders.value(i)
+                    ));
+                }
+                continue;
+            }
             if query != "revenue" {
                 continue;
             }
@@ -367,7 +443,6 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
             let status = col("status")?.as_string::<i32>();
             let orders = col("orders")?.as_primitive::<Int64Type>();
             let revenue = col("revenue")?.as_primitive::<arrow_array::types::Decimal128Type>();
-            let ts = |v: i64| normalise_ts(&weir_host::progress::rfc3339_ms(v.div_euclid(1000)));
             for i in 0..batch.num_rows() {
                 rows.push(format!(
                     "{},{},{},{},{}",
@@ -388,7 +463,7 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
             }
         }
     }
-    if query == "revenue" {
+    if query == "revenue" || query == "join" {
         rows.sort();
         Ok(rows)
     } else {
@@ -409,6 +484,7 @@ fn spark_run(
     bench: &Path,
     work: &Path,
     input: &Path,
+    customers: &Path,
     query: &str,
     run: usize,
 ) -> Result<Run> {
@@ -439,6 +515,12 @@ fn spark_run(
             .arg(&spark_work)
             .arg("--results")
             .arg(&results)
+            .args(
+                (query == "join")
+                    .then(|| ["--customers".as_ref(), customers.as_os_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(
                 results.join(format!("{tag}.stderr.log")),
