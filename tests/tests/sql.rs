@@ -444,3 +444,56 @@ fn validation_knows_the_declared_functions() -> Result<()> {
     }
     Ok(())
 }
+
+/// A `[[function]]` inside an aggregate of `[aggregate]`: the lowering computes the plugin's
+/// function before the operator, and the totals are those of the input.
+#[test]
+fn a_plugin_s_function_feeds_an_aggregate() -> Result<()> {
+    let ws = Workspace::new(2, 100)?;
+    let text = pipeline(
+        "agg",
+        "output_mode = \"update\"\nstate_store = \"memory\"",
+        &format!(
+            "{}\n[aggregate]\ngroup_by = [\"status\"]\nselect = [\"sum(count_char(session_id, '-')) AS dashes\", \"count(*) AS orders\"]\n",
+            count_char("plugins/count_char.wasm", "\"STRING\", \"STRING\"")
+        ),
+        &files_sink("agg"),
+    );
+    let file = ws.pipeline("agg.toml", &text)?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    // What the input says: per status, the dashes of its session ids and its orders.
+    let mut want: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut inputs: Vec<_> = std::fs::read_dir(ws.path().join("data/orders"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    inputs.sort();
+    for path in inputs {
+        for line in lines(&path)? {
+            let Ok(row) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let Some(status) = row["status"].as_str() else {
+                continue;
+            };
+            let dashes = row["session_id"]
+                .as_str()
+                .map_or(0, |s| s.matches('-').count() as u64);
+            let entry = want.entry(status.to_owned()).or_default();
+            entry.0 += dashes;
+            entry.1 += 1;
+        }
+    }
+    // Update mode: the last row each status was emitted with is its total.
+    let mut got: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for n in 0..2_u64 {
+        for row in rows(&ws.path().join(batch_file("agg", n)))? {
+            let status = row["status"].as_str().context("status")?.to_owned();
+            let dashes = row["dashes"].as_u64().context("dashes")?;
+            let orders = row["orders"].as_u64().context("orders")?;
+            got.insert(status, (dashes, orders));
+        }
+    }
+    assert!(!got.is_empty());
+    assert_eq!(got, want);
+    Ok(())
+}

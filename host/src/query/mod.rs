@@ -540,8 +540,13 @@ impl Query {
                 a.window.is_some(),
             )
             .map_err(plan_error)?;
-            let before = SqlTransform::new("[aggregate] arguments", &lowered.before, &schema, &[])
-                .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
+            let before = SqlTransform::new(
+                "[aggregate] arguments",
+                &lowered.before,
+                &schema,
+                &functions,
+            )
+            .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
             schema = Arc::clone(before.output_schema());
             transforms.push(Transform::Sql(Box::new(before)));
             transform_inputs.push(None);
@@ -621,7 +626,7 @@ impl Query {
         }
         let after_aggregate = match after_aggregate {
             Some(sql) => {
-                let t = SqlTransform::new("[aggregate] select", &sql, &schema, &[])
+                let t = SqlTransform::new("[aggregate] select", &sql, &schema, &functions)
                     .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
                 schema = Arc::clone(t.output_schema());
                 Some(t)

@@ -206,7 +206,7 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         None => None,
     };
     let watermark = raw.watermark.map(|w| watermark(w, c));
-    let aggregate = raw.aggregate.map(|a| aggregate(a, c));
+    let aggregate = raw.aggregate.map(|a| aggregate(a, &declared, c));
     let deduplicate = raw.deduplicate.map(|d| deduplicate(d, c));
     if aggregate.is_some() && deduplicate.is_some() {
         c.push(
@@ -525,7 +525,12 @@ fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
 /// `[aggregate]` with expressions, as far as it can be checked without the
 /// input's schema: each entry parses, the lowering holds, its SQL is a valid
 /// transform and its aggregates are the operator's.
-fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut Collector) -> bool {
+fn check_aggregate_expressions(
+    group_by: &[String],
+    select: &[String],
+    functions: &[crate::sql::PluginFunction],
+    c: &mut Collector,
+) -> bool {
     let empty = Arc::new(arrow_schema::Schema::empty());
     let lower =
         |select: &[String]| crate::sql::lower_aggregate(group_by, select, &empty, &[], false);
@@ -554,8 +559,7 @@ fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut C
     };
     let mut ok = true;
     for (part, sql) in [("group_by", &lowered.before), ("select", &lowered.after)] {
-        // A plugin's [[function]] is for [[transform]] sql, not [aggregate].
-        if let Err(e) = crate::sql::check_sql(sql, &[]) {
+        if let Err(e) = crate::sql::check_sql(sql, functions) {
             c.push(&format!("aggregate.{part}"), e.to_string());
             ok = false;
         }
@@ -569,7 +573,11 @@ fn check_aggregate_expressions(group_by: &[String], select: &[String], c: &mut C
     ok
 }
 
-fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
+fn aggregate(
+    a: RawAggregate,
+    functions: &[crate::sql::PluginFunction],
+    c: &mut Collector,
+) -> Option<AggregateSpec> {
     let window = match a.window {
         None => Some(None),
         Some(w) => {
@@ -616,7 +624,7 @@ fn aggregate(a: RawAggregate, c: &mut Collector) -> Option<AggregateSpec> {
         let mut ok = true;
         if crate::sql::needs_lowering(&group_by, &select) {
             // Expressions: lowered around the operator; each part checked as SQL.
-            ok = check_aggregate_expressions(&group_by, &select, c);
+            ok = check_aggregate_expressions(&group_by, &select, functions, c);
         } else {
             for (i, text) in select.iter().enumerate() {
                 if let Err(err) = crate::operator::aggregate::parse_agg_expr(text) {

@@ -104,6 +104,8 @@ pub fn lower(
 ) -> Result<Lowered, PlanError> {
     let mut before: Vec<String> = Vec::new();
     let mut groups = Vec::new();
+    // Grouping expressions' names: an input column of such a name is replaced, not passed on.
+    let mut renamed: Vec<String> = Vec::new();
     let mut new_columns = Vec::new();
     for g in group_by {
         let (expr, alias) = entry(g)?;
@@ -115,6 +117,7 @@ pub fn lower(
                     return Err(PlanError::DuplicateColumn(name));
                 }
                 new_columns.push(format!("{expr} AS {}", quoted(&name)));
+                renamed.push(name.clone());
                 groups.push(name);
             }
         }
@@ -160,7 +163,7 @@ pub fn lower(
     // The input's columns pass on, but for those a grouping expression renames.
     for field in schema.fields() {
         let name = field.name();
-        if !groups.contains(name) || keep.contains(&name.as_str()) {
+        if !renamed.contains(name) || keep.contains(&name.as_str()) {
             before.push(quoted(name));
         }
     }
@@ -308,6 +311,20 @@ mod tests {
             &[],
             &["sum(amount * 0.9) AS net".to_owned()]
         ));
+    }
+
+    #[test]
+    fn a_plain_grouping_column_passes_through_the_projection() {
+        let l = lower(
+            &["status".to_owned()],
+            &["sum(amount * 0.9) AS net".to_owned()],
+            &schema(),
+            &[],
+            false,
+        )
+        .unwrap();
+        assert!(l.before.contains("`status`"), "{}", l.before);
+        assert_eq!(l.group_by, ["status"]);
     }
 
     #[test]
