@@ -104,22 +104,15 @@ impl WasmFunction {
     }
 
     fn start(&mut self) -> Result<(), PluginError> {
-        let mut store = self.rt.new_store()?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| {
-            let err = self.rt.classify(&store, 0, &e);
-            self.rt.err_instantiate(err)
-        })?;
-        let config = self.rt.options.config_json.clone();
-        let opened = bindings
-            .weir_plugin_scalar()
-            .call_open(&mut store, &config, &self.declared);
-        store.data().log.end();
-        let opened = opened.map_err(|e| self.rt.classify(&store, 0, &e))?;
-        opened.map_err(|e| PluginError::InvalidConfig {
-            plugin: self.rt.options.name.clone(),
-            message: e.message,
-        })?;
-        self.live = Some(Live { store, bindings });
+        let (live, ()) = self.rt.start(
+            |store| self.pre.instantiate(store),
+            |bindings: &scalar_function::ScalarFunction, store, config| {
+                bindings
+                    .weir_plugin_scalar()
+                    .call_open(store, config, &self.declared)
+            },
+        )?;
+        self.live = Some(live);
         Ok(())
     }
 

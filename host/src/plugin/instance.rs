@@ -311,6 +311,34 @@ impl Runtime {
         }
     }
 
+    /// A fresh instance: a new store (its limits, grants, clock and random numbers),
+    /// `instantiate` from the prepared component, then the guest's `open` with the plugin's
+    /// config, whose error value refuses the config.
+    pub(super) fn start<B, R>(
+        &mut self,
+        instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
+        open: impl FnOnce(
+            &B,
+            &mut Store<HostState>,
+            &str,
+        ) -> wasmtime::Result<Result<R, wit::PluginError>>,
+    ) -> Result<(Live<B>, R), PluginError> {
+        let mut store = self.new_store()?;
+        let bindings = instantiate(&mut store).map_err(|e| {
+            let err = self.classify(&store, 0, &e);
+            self.err_instantiate(err)
+        })?;
+        let config = self.options.config_json.clone();
+        let opened = open(&bindings, &mut store, &config);
+        store.data().log.end();
+        let opened = opened.map_err(|e| self.classify(&store, 0, &e))?;
+        let value = opened.map_err(|e| PluginError::InvalidConfig {
+            plugin: self.options.name.clone(),
+            message: e.message,
+        })?;
+        Ok((Live { store, bindings }, value))
+    }
+
     /// One call of the guest for batch `info`, with `batch` lent to it as a borrowed resource:
     /// the deadline and fuel armed, the call booked, a sandbox refusal made the batch's failure
     /// whatever the guest made of it, a trap or a limit classified. After anything but the
@@ -555,23 +583,15 @@ impl WasmTransform {
 
     /// A fresh instance, opened; returns the output fields it declared.
     fn start(&mut self) -> Result<Vec<wit::Field>, PluginError> {
-        let mut store = self.rt.new_store()?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| {
-            let err = self.rt.classify(&store, 0, &e);
-            self.rt.err_instantiate(err)
-        })?;
-        let config = self.rt.options.config_json.clone();
-        let opened =
-            bindings
-                .weir_plugin_transformer()
-                .call_open(&mut store, &config, &self.input_fields);
-        store.data().log.end();
-        let opened = opened.map_err(|e| self.rt.classify(&store, 0, &e))?;
-        let fields = opened.map_err(|e| PluginError::InvalidConfig {
-            plugin: self.rt.options.name.clone(),
-            message: e.message,
-        })?;
-        self.live = Some(Live { store, bindings });
+        let (live, fields) = self.rt.start(
+            |store| self.pre.instantiate(store),
+            |bindings: &transform::Transform, store, config| {
+                bindings
+                    .weir_plugin_transformer()
+                    .call_open(store, config, &self.input_fields)
+            },
+        )?;
+        self.live = Some(live);
         Ok(fields)
     }
 
@@ -802,23 +822,15 @@ impl WasmSink {
     }
 
     fn start(&mut self) -> Result<(), PluginError> {
-        let mut store = self.rt.new_store()?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| {
-            let err = self.rt.classify(&store, 0, &e);
-            self.rt.err_instantiate(err)
-        })?;
-        let config = self.rt.options.config_json.clone();
-        let opened =
-            bindings
-                .weir_plugin_writer()
-                .call_open(&mut store, &config, &self.input_fields);
-        store.data().log.end();
-        let opened = opened.map_err(|e| self.rt.classify(&store, 0, &e))?;
-        opened.map_err(|e| PluginError::InvalidConfig {
-            plugin: self.rt.options.name.clone(),
-            message: e.message,
-        })?;
-        self.live = Some(Live { store, bindings });
+        let (live, ()) = self.rt.start(
+            |store| self.pre.instantiate(store),
+            |bindings: &sink::Sink, store, config| {
+                bindings
+                    .weir_plugin_writer()
+                    .call_open(store, config, &self.input_fields)
+            },
+        )?;
+        self.live = Some(live);
         Ok(())
     }
 

@@ -286,6 +286,7 @@ fn read_commit(table: &Path, version: u64) -> Result<Option<Commit>, DeltaSource
 
 /// The table's latest version, its schema (as Arrow) and partition columns, and the files of
 /// its latest snapshot, by replaying the log from version 0.
+#[derive(Debug)]
 struct Snapshot {
     version: u64,
     schema: SchemaRef,
@@ -439,34 +440,9 @@ fn read_file(
 /// # Errors
 /// When the log or a data file cannot be read.
 pub fn read_table(table: &Path) -> Result<(SchemaRef, Vec<RecordBatch>), DeltaSourceError> {
-    let snap = snapshot(table, None)?;
-    let mut out = Vec::new();
-    for file in &snap.files {
-        read_file(table, &snap.schema, &snap.partition_columns, file, &mut out)?;
-    }
-    Ok((snap.schema, out))
-}
-
-/// The table at `table` as of `version` (its newest without one), whole: the version read, its
-/// schema, the bytes of its data files and its rows (a static side of a join).
-///
-/// # Errors
-/// When the log or a data file cannot be read.
-pub fn read_table_at(
-    table: &Path,
-    version: Option<u64>,
-) -> Result<(u64, SchemaRef, u64, Vec<RecordBatch>), DeltaSourceError> {
-    let snap = snapshot(table, version)?;
-    let bytes = snap
-        .files
-        .iter()
-        .map(|f| u64::try_from(f.size).unwrap_or(0))
-        .sum();
-    let mut out = Vec::new();
-    for file in &snap.files {
-        read_file(table, &snap.schema, &snap.partition_columns, file, &mut out)?;
-    }
-    Ok((snap.version, snap.schema, bytes, out))
+    let at = TableVersion::list(table, None)?;
+    let rows = at.read(table)?;
+    Ok((at.snap.schema, rows))
 }
 
 /// The newest version of the table at `table` and its schema, without reading its data.
@@ -474,8 +450,69 @@ pub fn read_table_at(
 /// # Errors
 /// When the log cannot be read or holds no table.
 pub fn table_schema(table: &Path) -> Result<(u64, SchemaRef), DeltaSourceError> {
-    let snap = snapshot(table, None)?;
-    Ok((snap.version, snap.schema))
+    let at = TableVersion::list(table, None)?;
+    Ok((at.version(), at.snap.schema))
+}
+
+/// One version of a table, its log read and its data files listed but not read: what the
+/// static side of a join decides on (the version, its size) before reading anything.
+#[derive(Debug)]
+pub struct TableVersion {
+    snap: Snapshot,
+}
+
+impl TableVersion {
+    /// The table at `table` as of `version` (its newest without one).
+    ///
+    /// # Errors
+    /// When the log cannot be read or holds no table.
+    pub fn list(table: &Path, version: Option<u64>) -> Result<Self, DeltaSourceError> {
+        Ok(Self {
+            snap: snapshot(table, version)?,
+        })
+    }
+
+    /// The version listed.
+    pub fn version(&self) -> u64 {
+        self.snap.version
+    }
+
+    /// The table's schema at that version.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.snap.schema
+    }
+
+    /// How many data files, and their bytes as the log records them.
+    pub fn files_and_bytes(&self) -> (u64, u64) {
+        let bytes = self
+            .snap
+            .files
+            .iter()
+            .map(|f| u64::try_from(f.size).unwrap_or(0))
+            .sum();
+        (
+            u64::try_from(self.snap.files.len()).unwrap_or(u64::MAX),
+            bytes,
+        )
+    }
+
+    /// Reads every row of the version.
+    ///
+    /// # Errors
+    /// When a data file cannot be read.
+    pub fn read(&self, table: &Path) -> Result<Vec<RecordBatch>, DeltaSourceError> {
+        let mut out = Vec::new();
+        for file in &self.snap.files {
+            read_file(
+                table,
+                &self.snap.schema,
+                &self.snap.partition_columns,
+                file,
+                &mut out,
+            )?;
+        }
+        Ok(out)
+    }
 }
 
 /// The newest version of the table at `table` by the names of its log's commit files (nothing
@@ -827,7 +864,7 @@ impl super::Source for DeltaInput {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arrow_array::Int64Array;
@@ -837,7 +874,8 @@ mod tests {
     use crate::plugin::BatchInfo;
     use crate::sink::delta::{DeltaSink, DeltaSinkOptions, WriteMode};
 
-    fn write(dir: &Path, query: &str, mode: WriteMode, batch_id: u64, ids: &[i64]) {
+    /// Writes batch `batch_id` of ids into the Delta table `dir/table` (the join's tests too).
+    pub(crate) fn write(dir: &Path, query: &str, mode: WriteMode, batch_id: u64, ids: &[i64]) {
         let mut sink = DeltaSink::new(DeltaSinkOptions {
             spec: crate::spec::DeltaSinkSpec {
                 path: dir.join("table"),

@@ -1085,31 +1085,64 @@ fn transform(
         return None;
     }
     let name = plugin_name(c, &key("name"), t.name, t.plugin.as_deref());
-    let plugin = plugin_path(c, &key("plugin"), t.plugin, base);
-    let config = config(c, &key("config"), t.config);
-    let limits = limits(c, &key("limits"), t.limits);
-    let sha256 = sha256(c, &key("sha256"), t.sha256);
-    let capabilities = capabilities(c, &key("capabilities"), t.capabilities, base).filter(|caps| {
-        // MERGE is a sink's capability (world `merge-sink`); a transform has no batch to commit.
-        if caps.delta_merge.is_empty() {
-            return true;
-        }
-        c.push(
-            &key("capabilities.delta_merge"),
-            "MERGE into Delta tables is a sink capability: grant it under [sink.capabilities]",
-        );
-        false
-    });
+    let plugin = transform_plugin(
+        c,
+        &label,
+        RawPluginKeys {
+            plugin: t.plugin,
+            config: t.config,
+            limits: t.limits,
+            sha256: t.sha256,
+            capabilities: t.capabilities,
+        },
+        base,
+    );
     Some(TransformSpec {
         name: name?,
         input: input?,
-        kind: TransformKind::Wasm(WasmTransformSpec {
-            plugin: plugin?,
-            config: config?,
-            limits: limits?,
-            sha256: sha256?,
-            capabilities: capabilities?,
-        }),
+        kind: TransformKind::Wasm(plugin?),
+    })
+}
+
+/// The keys of a plugin that is not a sink (`[[transform]]`, `[[function]]`), as read.
+struct RawPluginKeys {
+    plugin: Option<String>,
+    config: Option<Table>,
+    limits: Option<RawLimits>,
+    sha256: Option<String>,
+    capabilities: Option<RawCapabilities>,
+}
+
+/// A transform's or a function's plugin under `label`: its file, config, limits, pin and
+/// grants, MERGE refused (a sink's capability: nothing else has a batch to commit).
+fn transform_plugin(
+    c: &mut Collector,
+    label: &str,
+    raw: RawPluginKeys,
+    base: &Path,
+) -> Option<WasmTransformSpec> {
+    let key = |k: &str| format!("{label}.{k}");
+    let plugin = plugin_path(c, &key("plugin"), raw.plugin, base);
+    let config = config(c, &key("config"), raw.config);
+    let limits = limits(c, &key("limits"), raw.limits);
+    let sha256 = sha256(c, &key("sha256"), raw.sha256);
+    let capabilities =
+        capabilities(c, &key("capabilities"), raw.capabilities, base).filter(|caps| {
+            if caps.delta_merge.is_empty() {
+                return true;
+            }
+            c.push(
+                &key("capabilities.delta_merge"),
+                "MERGE into Delta tables is a sink capability: grant it under [sink.capabilities]",
+            );
+            false
+        });
+    Some(WasmTransformSpec {
+        plugin: plugin?,
+        config: config?,
+        limits: limits?,
+        sha256: sha256?,
+        capabilities: capabilities?,
     })
 }
 
@@ -1531,31 +1564,23 @@ fn function(index: usize, f: RawFunction, base: &Path, c: &mut Collector) -> Opt
     let returns = c
         .required(&key("returns"), f.returns)
         .and_then(|t| sql_type(c, &key("returns"), &t));
-    let plugin = plugin_path(c, &key("plugin"), f.plugin, base);
-    let config = config(c, &key("config"), f.config);
-    let limits = limits(c, &key("limits"), f.limits);
-    let sha256 = sha256(c, &key("sha256"), f.sha256);
-    let capabilities = capabilities(c, &key("capabilities"), f.capabilities, base).filter(|caps| {
-        if caps.delta_merge.is_empty() {
-            return true;
-        }
-        c.push(
-            &key("capabilities.delta_merge"),
-            "MERGE into Delta tables is a sink capability: grant it under [sink.capabilities]",
-        );
-        false
-    });
+    let plugin = transform_plugin(
+        c,
+        &label,
+        RawPluginKeys {
+            plugin: f.plugin,
+            config: f.config,
+            limits: f.limits,
+            sha256: f.sha256,
+            capabilities: f.capabilities,
+        },
+        base,
+    );
     Some(FunctionSpec {
         name: name?,
         arguments: arguments?,
         returns: returns?,
-        plugin: WasmTransformSpec {
-            plugin: plugin?,
-            config: config?,
-            limits: limits?,
-            sha256: sha256?,
-            capabilities: capabilities?,
-        },
+        plugin: plugin?,
     })
 }
 

@@ -186,6 +186,8 @@ pub struct StaticJoin {
     converter: RowConverter,
     condition: Option<ConditionPlan>,
     built: Option<Built>,
+    /// How many times the table was read (once per snapshot joined, not per batch).
+    reads: u64,
 }
 
 impl std::fmt::Debug for StaticJoin {
@@ -290,6 +292,7 @@ impl StaticJoin {
             converter,
             condition,
             built: None,
+            reads: 0,
         })
     }
 
@@ -323,11 +326,16 @@ impl StaticJoin {
             // A batch planned before this query had a join: the table as it is now.
             None => self.table.current_snapshot()?,
         };
-        if self.built.as_ref().is_some_and(|b| b.snapshot == wanted) {
+        if self
+            .built
+            .as_ref()
+            .is_some_and(|b| b.snapshot.same_state(&wanted))
+        {
             return Ok(());
         }
         self.built = None;
         let (snapshot, rows) = self.table.read(&wanted)?;
+        self.reads += 1;
         self.built = Some(self.build(snapshot, rows)?);
         Ok(())
     }
@@ -567,6 +575,11 @@ impl StaticJoin {
         let source = pick(left, left_idx, condition.source_columns())?;
         let target = pick(right, right_idx, condition.target_columns())?;
         condition.evaluate(stream_idx.len(), source, target)
+    }
+
+    /// How many times the table was read so far.
+    pub fn reads(&self) -> u64 {
+        self.reads
     }
 
     /// The table's name.

@@ -68,7 +68,9 @@ impl TableError {
     }
 }
 
-/// Which state of a table a batch joins against, as `offsets/N` records it.
+/// Which state of a table a batch joins against, as `offsets/N` records it. The state is its
+/// name with its Delta version or its files' listing ([`Self::same_state`]); `files` and
+/// `bytes` describe it (a Delta version's are known once its log is read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TableSnapshot {
@@ -83,6 +85,14 @@ pub struct TableSnapshot {
     /// How many files, and their bytes on disk.
     pub files: u64,
     pub bytes: u64,
+}
+
+impl TableSnapshot {
+    /// Whether `other` is the same state of the same table (what is joined), whatever either
+    /// says of its size.
+    pub fn same_state(&self, other: &Self) -> bool {
+        self.name == other.name && self.version == other.version && self.listing == other.listing
+    }
 }
 
 /// A `[[table]]` of the query.
@@ -218,12 +228,15 @@ impl StaticTable {
                     table: name.clone(),
                     source: Box::new(e),
                 };
-                let (version, schema, bytes, batches) =
-                    crate::source::delta::read_table_at(path, wanted.version).map_err(delta)?;
+                let at = crate::source::delta::TableVersion::list(path, wanted.version)
+                    .map_err(delta)?;
+                let (files, bytes) = at.files_and_bytes();
+                // The log says the size: a table too large is refused before it is read.
                 if bytes > limit {
                     return Err(too_large("on disk", bytes));
                 }
-                if weir_schema(name, &schema)?.fields() != self.schema.fields() {
+                let version = at.version();
+                if weir_schema(name, at.schema())?.fields() != self.schema.fields() {
                     return Err(TableError::Schema {
                         table: name.clone(),
                         message: format!(
@@ -231,7 +244,9 @@ impl StaticTable {
                         ),
                     });
                 }
-                let batches = batches
+                let batches = at
+                    .read(path)
+                    .map_err(delta)?
                     .iter()
                     .map(|b| conform(name, path, b, &self.schema))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -239,7 +254,7 @@ impl StaticTable {
                     name: name.clone(),
                     version: Some(version),
                     listing: None,
-                    files: u64::try_from(batches.len()).unwrap_or(u64::MAX),
+                    files,
                     bytes,
                 };
                 (snapshot, batches)

@@ -262,6 +262,7 @@ fn the_table_is_read_again_only_when_its_files_change_and_a_large_one_is_refused
     assert_eq!(j.current_snapshot().unwrap(), first);
     j.prepare(Some(&first)).unwrap();
     assert_eq!(name_of(&mut j).as_deref(), Some("ada"));
+    assert_eq!(j.reads(), 1, "the same listing is not read again");
 
     // A new file: another snapshot, read again.
     std::fs::write(
@@ -273,6 +274,7 @@ fn the_table_is_read_again_only_when_its_files_change_and_a_large_one_is_refused
     assert_ne!(second, first);
     assert_eq!(second.files, 2);
     j.prepare(Some(&second)).unwrap();
+    assert_eq!(j.reads(), 2);
     assert_eq!(name_of(&mut j).as_deref(), Some("eve"));
     assert_eq!(j.process(&orders(), &info()).unwrap().num_rows(), 5);
 
@@ -311,4 +313,70 @@ fn the_output_schema_names_what_does_not_fit() {
         e.starts_with("the column \"amount\" is in both orders and customers"),
         "{e}"
     );
+}
+
+/// A Delta table is read once per version joined: the version planned is the version read, a
+/// new commit is read at the next batch, and a replay of an older batch reads its own version.
+#[test]
+fn a_delta_table_is_read_once_per_version_and_a_replay_joins_its_own() {
+    use crate::sink::delta::WriteMode;
+    use crate::source::delta::tests::write;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "dim", WriteMode::Append, 0, &[1, 2]);
+    let table = StaticTable::open(TableSpec {
+        name: "ids".into(),
+        kind: TableKind::Delta {
+            path: dir.path().join("table"),
+        },
+        max_bytes: 1 << 20,
+    })
+    .unwrap();
+    let stream: SchemaRef = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("amount", DataType::Int64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&stream),
+        vec![
+            Arc::new(Int64Array::from(vec![1, 2, 3])),
+            Arc::new(Int64Array::from(vec![10, 20, 30])),
+        ],
+    )
+    .unwrap();
+    let mut j = StaticJoin::new(
+        JoinSpec {
+            left: "orders".into(),
+            right: "ids".into(),
+            kind: JoinType::LeftSemi,
+            on: vec!["id".into()],
+            condition: None,
+        },
+        table,
+        stream,
+    )
+    .unwrap();
+    let ids = |j: &mut StaticJoin| -> Vec<i64> {
+        let out = j.process(&batch, &info()).unwrap();
+        out.column(0).as_primitive::<Int64Type>().values().to_vec()
+    };
+    // Version 0 creates the table, version 1 holds batch 0's rows.
+    let v0 = j.current_snapshot().unwrap();
+    assert_eq!(v0.version, Some(1));
+    for _ in 0..3 {
+        j.prepare(Some(&v0)).unwrap();
+        assert_eq!(ids(&mut j), [1, 2]);
+    }
+    assert_eq!(j.reads(), 1, "one version, one read");
+
+    write(dir.path(), "dim", WriteMode::Append, 1, &[3]);
+    let v1 = j.current_snapshot().unwrap();
+    assert_eq!(v1.version, Some(2));
+    j.prepare(Some(&v1)).unwrap();
+    assert_eq!(ids(&mut j), [1, 2, 3]);
+    assert_eq!(j.reads(), 2);
+
+    // Batch 0 replayed: version 0 again, whatever the table holds now.
+    j.prepare(Some(&v0)).unwrap();
+    assert_eq!(ids(&mut j), [1, 2]);
+    assert_eq!(j.reads(), 3);
 }
