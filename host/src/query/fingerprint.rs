@@ -45,6 +45,10 @@ const FROZEN: &[(&str, &str)] = &[
         "the join (its inputs, the table's kind and path, the type, keys and condition)",
     ),
     ("watermark_column", "the watermark column"),
+    (
+        "source_watermark_columns",
+        "the watermark columns of the sources",
+    ),
     ("watermark_policy", "the watermark policy"),
     ("state_store", "the state store"),
     ("state_partitions", "the number of state partitions"),
@@ -141,7 +145,13 @@ pub fn of(
     } else {
         Value::Null
     };
-    let is_stateful = !stateful.is_null() || !stateful_plugins.is_empty();
+    let is_stateful = !stateful.is_null() || !stateful_plugins.is_empty() || state.is_some();
+    // Each input's own watermark (a stream-stream join); absent without one.
+    let source_watermarks: Vec<(&str, &crate::spec::WatermarkSpec)> = pipeline
+        .sources
+        .iter()
+        .filter_map(|s| s.watermark.as_ref().map(|w| (s.name.as_str(), w)))
+        .collect();
     let sql: Vec<Value> = pipeline
         .transforms
         .iter()
@@ -198,6 +208,12 @@ pub fn of(
         "state_value": state.map(|s| json!({ "operator": s.operator, "columns": fields(&s.value) })),
         "watermark_column": pipeline.watermark.as_ref().map(|w| w.column.clone()),
         "watermark_delay_ms": pipeline.watermark.as_ref().map(|w| w.delay.as_millis() as u64),
+        "source_watermark_columns": if source_watermarks.is_empty() { Value::Null } else {
+            json!(source_watermarks.iter().map(|(s, w)| format!("{s}.{}", w.column)).collect::<Vec<_>>())
+        },
+        "source_watermark_delays_ms": if source_watermarks.is_empty() { Value::Null } else {
+            json!(source_watermarks.iter().map(|(s, w)| json!({ "source": s, "delay_ms": w.delay.as_millis() as u64 })).collect::<Vec<_>>())
+        },
         "watermark_policy": match pipeline.query.watermark_policy {
             WatermarkPolicy::Min => "min",
             WatermarkPolicy::Max => "max",

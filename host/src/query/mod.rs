@@ -32,7 +32,9 @@ use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::dedup::{DedupConfig, DedupOperator};
-use crate::operator::join::{JoinError, StaticJoin, StaticTable, TableSnapshot};
+use crate::operator::join::{
+    JoinError, JoinInput, StaticJoin, StaticTable, StreamJoin, StreamJoinState, TableSnapshot,
+};
 use crate::operator::stateful::{
     OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
 };
@@ -267,6 +269,11 @@ pub struct Query {
     /// it is their count): after the transforms of one input, before those of all.
     join: Option<StaticJoin>,
     join_at: usize,
+    /// The stream-stream `[join]`: where the inputs meet, after their own transforms.
+    stream_join: Option<StreamJoin>,
+    /// With a stream-stream join, each source's own watermark (`[[source]] watermark`),
+    /// observed on its rows where they reach the join.
+    input_watermarks: Vec<Option<Watermark>>,
     /// Whether a transform keeps keyed state (loaded and committed per batch).
     stateful_transforms: bool,
     watermark: Option<Watermark>,
@@ -425,6 +432,7 @@ impl Query {
         let mut schema: Option<SchemaRef> = None;
         // With a [join], the inputs meet in it, before the first transform of them all.
         let mut join: Option<StaticJoin> = None;
+        let mut stream_join: Option<StreamJoin> = None;
         let mut join_at = pipeline.transforms.len();
         let mut transforms: Vec<Transform> = Vec::new();
         let mut transform_inputs: Vec<Option<usize>> = Vec::new();
@@ -448,9 +456,9 @@ impl Query {
                 Some(j) => &mut input_schemas[j],
                 None => {
                     if schema.is_none() {
-                        let (met, joined) = meet(&pipeline, &sources, &input_schemas)?;
+                        let (met, joined) = meet(&pipeline, &sources, &input_schemas, &checkpoint)?;
                         schema = Some(met);
-                        join = joined;
+                        (join, stream_join) = joined;
                         join_at = i;
                     }
                     schema.as_mut().unwrap_or_else(|| unreachable!("set above"))
@@ -495,10 +503,26 @@ impl Query {
         let mut schema = match schema {
             Some(s) => s,
             None => {
-                let (met, joined) = meet(&pipeline, &sources, &input_schemas)?;
-                join = joined;
+                let (met, joined) = meet(&pipeline, &sources, &input_schemas, &checkpoint)?;
+                (join, stream_join) = joined;
                 met
             }
+        };
+        // A stream-stream join's inputs each have their own watermark, where they reach it.
+        let input_watermarks: Vec<Option<Watermark>> = if stream_join.is_some() {
+            pipeline
+                .sources
+                .iter()
+                .zip(&input_schemas)
+                .map(|(s, schema)| {
+                    s.watermark
+                        .as_ref()
+                        .map(|w| Watermark::new(&w.column, millis_i64(w.delay), schema))
+                        .transpose()
+                })
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
         };
         // Stateful transforms in pipeline order: their rank names their state folder.
         let stateful_plugins: Vec<(usize, String)> = transforms
@@ -582,9 +606,13 @@ impl Query {
             .filter_map(Transform::plugin_usage)
             .map(|(name, sha, _)| (name, sha))
             .collect();
+        let join_state = stream_join.as_ref().map(StreamJoin::state_schema);
         let fingerprint = fingerprint::of(
             &pipeline,
-            planned.as_ref().map(|p| &p.state_schema),
+            planned
+                .as_ref()
+                .map(|p| &p.state_schema)
+                .or(join_state.as_ref()),
             &plugins,
             &stateful_plugins
                 .iter()
@@ -760,6 +788,8 @@ impl Query {
             functions: function_plugins,
             join,
             join_at,
+            stream_join,
+            input_watermarks,
             stateful_transforms: !stateful_plugins.is_empty(),
             watermark,
             stateful,
@@ -786,6 +816,11 @@ impl Query {
     /// The schema of what the sink receives.
     pub fn output_schema(&self) -> &SchemaRef {
         &self.output_schema
+    }
+
+    /// Whether the query has event time: a `[watermark]`, or its inputs' own.
+    fn has_watermark(&self) -> bool {
+        self.watermark.is_some() || self.input_watermarks.iter().any(Option::is_some)
     }
 
     fn stopped(&self) -> bool {
@@ -974,6 +1009,10 @@ impl Query {
     /// Spark runs a batch without new data when a stateful operator could
     /// emit or evict because the watermark advanced (not in complete mode).
     fn wants_no_data_batch(&self) -> bool {
+        if let Some(join) = &self.stream_join {
+            // Spark's `StreamingSymmetricHashJoinExec.shouldRunAnotherBatch`.
+            return join.evicts() && self.next_watermark_ms > self.last_watermark_ms;
+        }
         (self.stateful.is_some() || self.stateful_transforms)
             && self.watermark.is_some()
             && self.pipeline.query.output_mode != OutputMode::Complete
@@ -998,7 +1037,7 @@ impl Query {
         let n = self.next_batch;
         let started = Instant::now();
         let mut offsets = Vec::with_capacity(self.sources.len());
-        let with_watermark = self.watermark.is_some();
+        let with_watermark = self.has_watermark();
         for (i, source) in self.sources.iter_mut().enumerate() {
             let recorded = source.record(&self.checkpoint, n)?;
             offsets.push(SourceOffset {
@@ -1080,6 +1119,32 @@ impl Query {
         // Each input's watermark moves by its own event times; the query's
         // is their combination (§3.1).
         let (next_watermark_ms, next_source_watermarks_ms) = match &self.watermark {
+            None if !self.input_watermarks.is_empty() => {
+                // Only the inputs with a watermark take part (Spark's `withWatermark` nodes).
+                let before = per_source_watermarks(&entry, self.sources.len());
+                let mut inputs = Vec::new();
+                let mut each = Vec::with_capacity(before.len());
+                for ((wm, s), w) in before
+                    .into_iter()
+                    .zip(&outcome.sources)
+                    .zip(&self.input_watermarks)
+                {
+                    match w {
+                        Some(w) => {
+                            let next = w.next(wm, s.event_time);
+                            inputs.push(next);
+                            each.push(next);
+                        }
+                        None => each.push(wm),
+                    }
+                }
+                let global = watermark::combine(
+                    entry.batch_watermark_ms,
+                    &inputs,
+                    self.pipeline.query.watermark_policy == WatermarkPolicy::Max,
+                );
+                (global, each)
+            }
             Some(w) => {
                 let inputs: Vec<i64> = per_source_watermarks(&entry, self.sources.len())
                     .into_iter()
@@ -1165,7 +1230,7 @@ impl Query {
         let input_rate = since_last.map_or(0.0, |d| progress::rate(outcome.input_rows, millis(d)));
         let processed_rate = progress::rate(outcome.input_rows, total_ms.max(1));
         let mut event_time = BTreeMap::new();
-        if self.watermark.is_some() {
+        if self.has_watermark() {
             event_time.insert("watermark", progress::rfc3339_ms(entry.batch_watermark_ms));
             if let Some(r) = outcome.event_time {
                 event_time.insert("min", progress::rfc3339_ms(r.min_ms));
@@ -1243,10 +1308,11 @@ impl Query {
     /// Every stage that keeps state, in the order it is committed: the stateful operator, then
     /// the transforms' keyed state in pipeline order.
     fn stateful_stages_mut(&mut self) -> impl Iterator<Item = StatefulStage<'_>> {
-        let operator = self
-            .stateful
-            .iter_mut()
-            .map(|op| StatefulStage::Operator(op.as_mut()));
+        let operator = self.stream_join.iter_mut().map(StatefulStage::Join).chain(
+            self.stateful
+                .iter_mut()
+                .map(|op| StatefulStage::Operator(op.as_mut())),
+        );
         let keyed = self
             .transforms
             .iter_mut()
@@ -1271,6 +1337,8 @@ impl Query {
         let mut outputs: Vec<RecordBatch> = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
         let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
+        // A stream-stream join's new rows, left and right.
+        let mut join_inputs: [Vec<RecordBatch>; 2] = [Vec::new(), Vec::new()];
         // Every attempt starts from the state the previous batch committed (keyed state
         // expiring by this batch's watermark), and joins the static table as it was planned;
         // loading counts as adding the batch.
@@ -1307,6 +1375,51 @@ impl Query {
             }
             get_batch += get_started.elapsed();
             let add_started = Instant::now();
+            if self.stream_join.is_some() {
+                // Through the transforms of this input, to its side of the join.
+                let side = usize::from(
+                    self.pipeline
+                        .join
+                        .as_ref()
+                        .is_some_and(|j| j.right == source.name()),
+                );
+                let first = join_inputs[side].len();
+                for batch in decoded.batches {
+                    let mut batch = batch;
+                    for (t, input) in self.transforms[..self.join_at]
+                        .iter_mut()
+                        .zip(&self.transform_inputs)
+                    {
+                        if batch.num_rows() == 0 {
+                            break;
+                        }
+                        if input.is_some_and(|j| j != i) {
+                            continue;
+                        }
+                        batch = t.process(&batch, info)?;
+                    }
+                    if batch.num_rows() > 0 {
+                        join_inputs[side].push(batch);
+                    }
+                }
+                let event_time = self
+                    .input_watermarks
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .and_then(|w| w.observe(&join_inputs[side][first..]));
+                add_batch += add_started.elapsed();
+                per_source.push(SourceOutcome {
+                    description: source.description(),
+                    input_rows: decoded.num_input_rows,
+                    malformed_rows: decoded.num_malformed,
+                    event_time,
+                    start_offset,
+                    end_offset,
+                    latest_offset,
+                    metrics,
+                });
+                continue;
+            }
             let first_output = outputs.len();
             for batch in decoded.batches {
                 let mut batch = batch;
@@ -1356,6 +1469,26 @@ impl Query {
             });
         }
         let add_started = Instant::now();
+        if let Some(join) = &mut self.stream_join {
+            let ctx = StatefulContext {
+                batch_id: n,
+                late_ms: entry.late_row_watermark_ms,
+                watermark_ms: entry.batch_watermark_ms,
+            };
+            let [left, right] = &join_inputs;
+            for batch in join.process(&ctx, [left, right])? {
+                let mut batch = batch;
+                for t in &mut self.transforms[self.join_at..] {
+                    if batch.num_rows() == 0 {
+                        break;
+                    }
+                    batch = t.process(&batch, info)?;
+                }
+                if batch.num_rows() > 0 {
+                    outputs.push(batch);
+                }
+            }
+        }
         if let Some(op) = &mut self.stateful {
             let ctx = StatefulContext {
                 batch_id: n,
@@ -1449,25 +1582,54 @@ fn sandbox(
     })
 }
 
-/// The schema where the inputs meet: they are unioned, so each must bring
-/// the same columns (after the transforms of its own).
-/// Where the inputs meet: a stream-static join of the one source (after its own transforms)
-/// with its table, or the union of the sources.
+/// The joins where the inputs meet: a stream-static or a stream-stream one.
+type Joins = (Option<StaticJoin>, Option<StreamJoin>);
+
+/// Where the inputs meet: a join of the two inputs (after their own transforms), or the union of
+/// the sources.
 fn meet(
     pipeline: &Pipeline,
     sources: &[Box<dyn Source>],
     input_schemas: &[SchemaRef],
-) -> Result<(SchemaRef, Option<StaticJoin>), QueryError> {
+    checkpoint: &Checkpoint,
+) -> Result<(SchemaRef, Joins), QueryError> {
     let Some(spec) = &pipeline.join else {
         return Ok((
             union_schema(&pipeline.query.name, sources, input_schemas)?,
-            None,
+            (None, None),
         ));
     };
     let invalid = |message: String| QueryError::Invalid {
         query: pipeline.query.name.clone(),
         message,
     };
+    let source_of = |name: &str| pipeline.sources.iter().position(|s| s.name == name);
+    if let (Some(l), Some(r)) = (source_of(&spec.left), source_of(&spec.right)) {
+        if input_schemas.len() != 2 {
+            return Err(invalid(
+                "a stream-stream join reads exactly two [[source]]s".to_owned(),
+            ));
+        }
+        let input = |i: usize| JoinInput {
+            schema: Arc::clone(&input_schemas[i]),
+            watermark: pipeline.sources[i]
+                .watermark
+                .as_ref()
+                .map(|w| w.column.clone()),
+        };
+        let options = state_options(&pipeline.query);
+        let join = StreamJoin::new(
+            spec.clone(),
+            &input(l),
+            &input(r),
+            &StreamJoinState {
+                dir: &checkpoint.state_dir("join"),
+                partitions: pipeline.query.state_partitions,
+                options: &options,
+            },
+        )?;
+        return Ok((Arc::clone(join.output_schema()), (None, Some(join))));
+    }
     let table = pipeline
         .tables
         .iter()
@@ -1488,7 +1650,7 @@ fn meet(
         StaticTable::open(table.clone()).map_err(JoinError::from)?,
         Arc::clone(stream),
     )?;
-    Ok((Arc::clone(join.output_schema()), Some(join)))
+    Ok((Arc::clone(join.output_schema()), (Some(join), None)))
 }
 
 fn union_schema(

@@ -9,6 +9,7 @@
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use crate::operator::join::StreamJoin;
 use crate::operator::stateful::{OperatorMetrics, StatefulOperator};
 use crate::operator::wasm_state::KeyedState;
 use crate::operator::{BatchTransform, TransformError};
@@ -93,6 +94,8 @@ impl Transform {
 /// A stage whose state the query loads before each batch and commits after it: the
 /// stateful operator (`[aggregate]`, `[deduplicate]`) or the keyed state of a Wasm transform.
 pub(super) enum StatefulStage<'a> {
+    /// A stream-stream join's buffers.
+    Join(&'a mut StreamJoin),
     Operator(&'a mut dyn StatefulOperator),
     Keyed(&'a mut KeyedState),
 }
@@ -103,6 +106,7 @@ impl StatefulStage<'_> {
     /// state expires by; the operator is handed its watermarks with each batch instead).
     pub(super) fn load(self, version: Option<u64>, watermark_ms: i64) -> Result<(), StateError> {
         match self {
+            Self::Join(join) => join.load(version),
             Self::Operator(op) => op.load(version),
             Self::Keyed(state) => state.load(version, watermark_ms),
         }
@@ -111,6 +115,7 @@ impl StatefulStage<'_> {
     /// Commits the state as version `batch_id`, after the sink wrote the batch.
     pub(super) fn commit(self, batch_id: u64) -> Result<OperatorMetrics, StateError> {
         match self {
+            Self::Join(join) => join.commit(batch_id),
             Self::Operator(op) => op.commit(batch_id),
             Self::Keyed(state) => state.commit(batch_id),
         }

@@ -191,6 +191,9 @@ pub struct SourceSpec {
     pub name: String,
     /// `kind` and the keys that go with it.
     pub kind: SourceKind,
+    /// `watermark`: this input's own event-time column and delay, the inputs of a
+    /// stream-stream join having different columns (Spark's `withWatermark` on each side).
+    pub watermark: Option<WatermarkSpec>,
 }
 
 /// The kind of a source, with its settings.

@@ -131,6 +131,16 @@ pub(super) enum RawSource {
 }
 
 impl RawSource {
+    /// Takes the source's own `watermark`, whatever the kind.
+    pub fn take_watermark(&mut self) -> Option<RawWatermark> {
+        match self {
+            Self::Files(s) | Self::NoKind(s) => s.watermark.take(),
+            Self::Kafka(s) => s.watermark.take(),
+            Self::Delta(s) => s.watermark.take(),
+            Self::UnknownKind { .. } => None,
+        }
+    }
+
     /// `name`, whatever the kind.
     pub fn name(&self) -> Option<&str> {
         match self {
@@ -154,6 +164,8 @@ pub(super) struct RawFilesSource {
     pub on_malformed: Option<String>,
     pub dead_letter_path: Option<String>,
     pub csv: Option<RawCsv>,
+    /// `watermark = { column, delay }`: this input's own event time (a stream-stream join).
+    pub watermark: Option<RawWatermark>,
 }
 
 /// `kind = "kafka"`: Spark's Kafka source options, snake_cased.
@@ -171,6 +183,8 @@ pub(super) struct RawKafkaSource {
     pub schema: Option<String>,
     pub on_malformed: Option<String>,
     pub dead_letter_path: Option<String>,
+    /// `watermark = { column, delay }`: this input's own event time (a stream-stream join).
+    pub watermark: Option<RawWatermark>,
 }
 
 /// `kind = "delta"`: the schema is the table's.
@@ -181,6 +195,8 @@ pub(super) struct RawDeltaSource {
     pub path: Option<String>,
     pub max_files_per_trigger: Option<i64>,
     pub starting_version: Option<i64>,
+    /// `watermark = { column, delay }`: this input's own event time (a stream-stream join).
+    pub watermark: Option<RawWatermark>,
 }
 
 #[derive(Debug, Default, Deserialize)]

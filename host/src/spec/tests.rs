@@ -127,6 +127,7 @@ fn example_round_trips_to_the_expected_pipeline() {
                 on_malformed: MalformedPolicy::Permissive,
                 dead_letter_path: None,
             }),
+            watermark: None,
         }],
         transforms: vec![TransformSpec {
             name: "keep_completed".into(),

@@ -165,7 +165,16 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
             Some(_) => None,
         });
     let query = query(raw.query, base, c);
-    let sources = sources(raw.source.unwrap_or_default(), base, c);
+    // A stream-stream join's sources are joined, not unioned: their columns differ.
+    let raw_sources = raw.source.unwrap_or_default();
+    let stream_join = raw.join.as_ref().is_some_and(|j| {
+        let is_source = |n: &Option<String>| {
+            n.as_deref()
+                .is_some_and(|n| raw_sources.iter().any(|s| s.name() == Some(n)))
+        };
+        is_source(&j.left) && is_source(&j.right)
+    });
+    let sources = sources(raw_sources, !stream_join, base, c);
     let functions = functions(raw.function.unwrap_or_default(), base, c);
     let tables = tables(raw.table.unwrap_or_default(), sources.as_deref(), base, c);
     let join = raw.join.map(|j| join(j, sources.as_deref(), &tables, c));
@@ -205,9 +214,38 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         Some(sources) => transform_inputs(sources, &transforms, &declared, &meet, c),
         None => None,
     };
+    let has_watermark = raw.watermark.is_some();
     let watermark = raw.watermark.map(|w| watermark(w, c));
     let aggregate = raw.aggregate.map(|a| aggregate(a, &declared, c));
     let deduplicate = raw.deduplicate.map(|d| deduplicate(d, c));
+    if stream_join {
+        if has_watermark {
+            c.push(
+                "watermark",
+                "the inputs of a stream-stream join have their own watermarks: set watermark = { column, delay } on each [[source]] instead",
+            );
+        }
+        for (key, present) in [
+            ("aggregate", aggregate.is_some()),
+            ("deduplicate", deduplicate.is_some()),
+        ] {
+            if present {
+                c.push(
+                    key,
+                    format!("[{key}] after a stream-stream join is not supported yet: write the joined rows to a sink and read them in a query of their own"),
+                );
+            }
+        }
+        if let Some(mode) = output_mode.filter(|m| *m != OutputMode::Append) {
+            c.push(
+                "query.output_mode",
+                format!(
+                    "a stream-stream join emits each joined row once: it runs in \"append\" output mode only, not {:?} (as in Spark)",
+                    format!("{mode:?}").to_ascii_lowercase()
+                ),
+            );
+        }
+    }
     if aggregate.is_some() && deduplicate.is_some() {
         c.push(
             "deduplicate",
@@ -497,23 +535,29 @@ fn non_empty_names(
 
 /// `[watermark]`; the outer `Option` is `None` when a problem was reported.
 fn watermark(w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
-    let column = c.required("watermark.column", w.column);
+    watermark_at("watermark", w, c)
+}
+
+/// A watermark at `label` (`watermark`, or `source.<name>.watermark`).
+fn watermark_at(label: &str, w: RawWatermark, c: &mut Collector) -> Option<WatermarkSpec> {
+    let key = |k: &str| format!("{label}.{k}");
+    let column = c.required(&key("column"), w.column);
     let delay = match w.delay.as_deref() {
         None => {
-            c.push("watermark.delay", "required key is missing");
+            c.push(&key("delay"), "required key is missing");
             None
         }
         Some(text) => match parse_duration(text) {
             Ok(d) => Some(d),
             Err(e) => {
-                c.push("watermark.delay", e);
+                c.push(&key("delay"), e);
                 None
             }
         },
     };
     let idle_timeout = match w.idle_timeout.as_deref() {
         None => Some(None),
-        Some(t) => positive_duration(c, "watermark.idle_timeout", Some(t)).map(Some),
+        Some(t) => positive_duration(c, &key("idle_timeout"), Some(t)).map(Some),
     };
     Some(WatermarkSpec {
         column: column?,
@@ -707,7 +751,12 @@ fn trigger(c: &mut Collector, text: Option<&str>) -> Option<Trigger> {
     }
 }
 
-fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<SourceSpec>> {
+fn sources(
+    raw: Vec<RawSource>,
+    unioned: bool,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<Vec<SourceSpec>> {
     if raw.is_empty() {
         c.push("source", "required: one [[source]] table (none given)");
         return None;
@@ -734,7 +783,17 @@ fn sources(raw: Vec<RawSource>, base: &Path, c: &mut Collector) -> Option<Vec<So
         .map(|(i, s)| source(i, s, base, c))
         .collect();
     let specs: Vec<SourceSpec> = specs.into_iter().collect::<Option<_>>()?;
-    union_compatible(&specs, c);
+    if unioned {
+        union_compatible(&specs, c);
+        for s in &specs {
+            if s.watermark.is_some() {
+                c.push(
+                    &format!("source.{}.watermark", s.name),
+                    "a source's own watermark is for the inputs of a stream-stream [join]; for the event time of the whole query use [watermark]",
+                );
+            }
+        }
+    }
     Some(specs)
 }
 
@@ -812,12 +871,32 @@ fn union_compatible(specs: &[SourceSpec], c: &mut Collector) {
     }
 }
 
-fn source(index: usize, s: RawSource, base: &Path, c: &mut Collector) -> Option<SourceSpec> {
+fn source(index: usize, mut s: RawSource, base: &Path, c: &mut Collector) -> Option<SourceSpec> {
     let label = source_label(index, s.name());
     let key = |k: &str| format!("{label}.{k}");
     let name = c
         .required(&key("name"), s.name().map(str::to_owned))
         .and_then(|n| check_name(c, &key("name"), n));
+    let watermark = match s.take_watermark() {
+        None => Some(None),
+        Some(w) => watermark_at(&key("watermark"), w, c).map(Some),
+    };
+    let spec = source_of_kind(index, s, name, base, c);
+    Some(SourceSpec {
+        watermark: watermark?,
+        ..spec?
+    })
+}
+
+fn source_of_kind(
+    index: usize,
+    s: RawSource,
+    name: Option<String>,
+    base: &Path,
+    c: &mut Collector,
+) -> Option<SourceSpec> {
+    let label = source_label(index, s.name());
+    let key = |k: &str| format!("{label}.{k}");
     match s {
         RawSource::Files(f) => files_source(&label, name, f, base, c),
         RawSource::Kafka(k) => kafka::source(&label, name, k, base, c),
@@ -893,6 +972,7 @@ fn files_source(
     };
     Some(SourceSpec {
         name: name?,
+        watermark: None,
         kind: SourceKind::Files(FilesSourceSpec {
             path: path?,
             format: format?,
@@ -989,6 +1069,7 @@ fn delta_source(
     };
     Some(SourceSpec {
         name: name?,
+        watermark: None,
         kind: SourceKind::Delta(DeltaSourceSpec {
             path: path?,
             max_files_per_trigger: max_files_per_trigger?,
@@ -1333,15 +1414,7 @@ fn join(
         return None;
     }
     match (left_stream, right_stream) {
-        (true, true) => {
-            c.push(
-                "join",
-                format!(
-                    "{left} and {right} are both [[source]]s: stream-stream joins are not supported yet; join a stream with a [[table]]"
-                ),
-            );
-            return None;
-        }
+        (true, true) => return stream_join(raw.condition, left, right, kind, on, sources, c),
         (false, false) => {
             c.push(
                 "join",
@@ -1400,6 +1473,99 @@ fn join(
     })
 }
 
+/// A `[join]` of two `[[source]]`s, and Spark's rules for it: two inputs, no left anti join, and
+/// an outer or semi join only when the watermarks and the condition let the state of the side
+/// whose unmatched rows are emitted be evicted (else they would never be).
+#[allow(clippy::too_many_arguments, reason = "the parts of [join] read so far")]
+fn stream_join(
+    condition: Option<String>,
+    left: String,
+    right: String,
+    kind: JoinType,
+    on: Option<Vec<String>>,
+    sources: Option<&[SourceSpec]>,
+    c: &mut Collector,
+) -> Option<JoinSpec> {
+    let sources = sources.unwrap_or_default();
+    if sources.len() != 2 {
+        c.push(
+            "join",
+            format!(
+                "a stream-stream join reads two [[source]]s ({left} and {right}); this query has {}: union the others in a query of their own",
+                sources.len()
+            ),
+        );
+        return None;
+    }
+    if kind == JoinType::LeftAnti {
+        c.push(
+            "join.type",
+            "a left anti join of two streams is not supported, as in Spark: a row could only be emitted once no row of the other input can ever match it",
+        );
+        return None;
+    }
+    let condition = match condition {
+        None => None,
+        Some(text) => match crate::sql::RowCondition::parse_join(&text, &left, &right) {
+            Ok(cond) => Some(cond),
+            Err(e) => {
+                c.push("join.condition", format!("{text:?}: {e}"));
+                return None;
+            }
+        },
+    };
+    let spec = JoinSpec {
+        left,
+        right,
+        kind,
+        on: on?,
+        condition,
+    };
+    let watermark_of = |name: &str| {
+        sources
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.watermark.as_ref())
+            .map(|w| w.column.clone())
+    };
+    let (lw, rw) = (watermark_of(&spec.left), watermark_of(&spec.right));
+    let by_key = spec.on.iter().any(|k| {
+        [&lw, &rw]
+            .iter()
+            .any(|w| w.as_deref().is_some_and(|w| w.eq_ignore_ascii_case(k)))
+    });
+    let bounded = |this_is_left: bool| {
+        let (this, other) = if this_is_left { (&lw, &rw) } else { (&rw, &lw) };
+        by_key
+            || matches!((this, other, &spec.condition), (Some(t), Some(o), Some(cond))
+                if cond.lower_bound_ms(this_is_left, t, o).is_some())
+    };
+    let needs: &[bool] = match kind {
+        JoinType::Left | JoinType::LeftSemi => &[true],
+        JoinType::Right => &[false],
+        JoinType::Full => &[true, false],
+        _ => &[],
+    };
+    for &this_is_left in needs {
+        if !bounded(this_is_left) {
+            let (this, other) = if this_is_left {
+                (&spec.left, &spec.right)
+            } else {
+                (&spec.right, &spec.left)
+            };
+            c.push(
+                "join.type",
+                format!(
+                    "a {} join of two streams needs what Spark needs to know when a row of {this} can no longer match: a watermark on both [[source]]s and a condition that bounds {this}'s event time by {other}'s (e.g. {this}.t BETWEEN {other}.t - INTERVAL 1 HOUR AND {other}.t), or a watermark column among `on`; without it {this}'s unmatched rows would never be emitted",
+                    kind.name()
+                ),
+            );
+        }
+    }
+    // Returned even when refused, so that its columns are checked too.
+    Some(spec)
+}
+
 /// The join's output, when both inputs' schemas are known: the key and column checks, and the
 /// condition planned against both.
 fn join_schema(
@@ -1422,6 +1588,34 @@ fn join_schema(
                 TableKind::Delta { .. } => None,
             })
     };
+    // Each input's own watermark column, where the input reaches the join.
+    for (i, s) in sources.iter().enumerate() {
+        let (Some(w), Some(Some(schema))) = (&s.watermark, inputs.get(i)) else {
+            continue;
+        };
+        let key = format!("source.{}.watermark.column", s.name);
+        match schema.field_with_name(&w.column) {
+            Err(_) => c.push(
+                &key,
+                format!(
+                    "{:?} is not a column of {} where it reaches the join ({})",
+                    w.column,
+                    s.name,
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            Ok(f) if !matches!(f.data_type(), arrow_schema::DataType::Timestamp(_, _)) => c.push(
+                &key,
+                format!("{:?} is {}, not TIMESTAMP", w.column, f.data_type()),
+            ),
+            Ok(_) => {}
+        }
+    }
     let (left, right) = (schema_of(&j.left)?, schema_of(&j.right)?);
     let out = match crate::operator::join::output_schema(j, &left, &right) {
         Ok(out) => out,

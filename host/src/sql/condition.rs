@@ -16,7 +16,9 @@ use arrow_array::Array;
 use arrow_array::cast::AsArray;
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use datafusion_sql::sqlparser::ast::{Expr as SqlExpr, Ident, visit_expressions_mut};
+use datafusion_sql::sqlparser::ast::{
+    BinaryOperator, Expr as SqlExpr, Ident, visit_expressions_mut,
+};
 use datafusion_sql::sqlparser::dialect::SparkSqlDialect;
 use datafusion_sql::sqlparser::parser::Parser;
 use datafusion_sql::sqlparser::tokenizer::Token;
@@ -361,6 +363,275 @@ impl ConditionPlan {
             holds.clone()
         })
     }
+}
+
+/// A join's condition split the way a stream-stream join evaluates it (Spark's
+/// `JoinConditionSplitPredicates`): the conjuncts that read only the left input, only the right
+/// one, and both. A row failing its side's part can match no row at all, so it is never buffered
+/// (and an outer join emits it at once).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JoinConditionParts {
+    pub left_only: Option<RowCondition>,
+    pub right_only: Option<RowCondition>,
+    pub both: Option<RowCondition>,
+}
+
+/// Which inputs an expression's columns belong to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reads {
+    left: bool,
+    right: bool,
+}
+
+impl RowCondition {
+    /// The parsed expression, columns still qualified as written.
+    fn expr(&self) -> Option<SqlExpr> {
+        let dialect = SparkSqlDialect {};
+        Parser::new(&dialect)
+            .try_with_sql(&self.text)
+            .ok()?
+            .parse_expr()
+            .ok()
+    }
+
+    fn join_labels(&self) -> Option<(&str, &str)> {
+        match &self.qualifiers {
+            Qualifiers::Join { left, right } => Some((left, right)),
+            Qualifiers::Merge(_) => None,
+        }
+    }
+
+    /// Splits a join's condition into its left-only, right-only and two-sided conjuncts.
+    ///
+    /// # Errors
+    /// When a part cannot be read again (it was read whole, so this is not expected).
+    pub fn split_join(&self) -> Result<JoinConditionParts, PlanError> {
+        let Some((left, right)) = self.join_labels() else {
+            return Ok(JoinConditionParts {
+                both: Some(self.clone()),
+                ..JoinConditionParts::default()
+            });
+        };
+        let Some(expr) = self.expr() else {
+            return Err(PlanError::Syntax(self.text.clone()));
+        };
+        let mut conjuncts = Vec::new();
+        split_and(expr, &mut conjuncts);
+        let (mut l, mut r, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        for c in conjuncts {
+            let reads = reads(&c, left, right);
+            let text = format!("({c})");
+            match (reads.left, reads.right) {
+                (true, false) => l.push(text),
+                (false, true) => r.push(text),
+                (true, true) => b.push(text),
+                // A constant: each side's filter, as Spark splits it.
+                (false, false) => {
+                    l.push(text.clone());
+                    r.push(text);
+                }
+            }
+        }
+        let part = |texts: Vec<String>| -> Result<Option<RowCondition>, PlanError> {
+            if texts.is_empty() {
+                return Ok(None);
+            }
+            RowCondition::parse_join(&texts.join(" AND "), left, right).map(Some)
+        };
+        Ok(JoinConditionParts {
+            left_only: part(l)?,
+            right_only: part(r)?,
+            both: part(b)?,
+        })
+    }
+
+    /// How far below the watermark a row of this input may still match a later row of the other
+    /// input, as the condition bounds it (Spark's `StreamingJoinHelper.getStateValueWatermark`):
+    /// `Some(c)` when some conjunct says `this.this_column > other.other_column - c` (a `BETWEEN`
+    /// is two conjuncts), in milliseconds. Rows of the other input arriving later have event
+    /// times above the watermark `wm`, so a row of this input whose `this_column` is at most
+    /// `wm - c` can match none of them. As Spark computes it: a `>=` (or `<=`) conjunct gives one
+    /// millisecond more than a strict one, and of several conjuncts the largest `c` counts.
+    pub fn lower_bound_ms(
+        &self,
+        this_is_left: bool,
+        this_column: &str,
+        other_column: &str,
+    ) -> Option<i64> {
+        let (left, right) = self.join_labels()?;
+        let (this, other) = if this_is_left {
+            (left, right)
+        } else {
+            (right, left)
+        };
+        let expr = self.expr()?;
+        let mut conjuncts = Vec::new();
+        split_and(expr, &mut conjuncts);
+        // (lo, hi, strict): lo < hi, or lo <= hi.
+        let mut comparisons: Vec<(SqlExpr, SqlExpr, bool)> = Vec::new();
+        for c in conjuncts {
+            match c {
+                SqlExpr::BinaryOp {
+                    left: a,
+                    op,
+                    right: b,
+                } => match op {
+                    BinaryOperator::Lt => comparisons.push((*a, *b, true)),
+                    BinaryOperator::LtEq => comparisons.push((*a, *b, false)),
+                    BinaryOperator::Gt => comparisons.push((*b, *a, true)),
+                    BinaryOperator::GtEq => comparisons.push((*b, *a, false)),
+                    _ => {}
+                },
+                SqlExpr::Between {
+                    expr,
+                    negated: false,
+                    low,
+                    high,
+                } => {
+                    comparisons.push((*low, (*expr).clone(), false));
+                    comparisons.push((*expr, *high, false));
+                }
+                _ => {}
+            }
+        }
+        let mut best: Option<i64> = None;
+        for (lo, hi, strict) in comparisons {
+            // lo <= hi, i.e. hi - lo >= 0.
+            let mut terms = Vec::new();
+            let mut constant = 0i64;
+            if !linear(&hi, 1, &mut terms, &mut constant)
+                || !linear(&lo, -1, &mut terms, &mut constant)
+            {
+                continue;
+            }
+            let is = |t: &(String, String, i64), side: &str, column: &str, sign: i64| {
+                t.0.eq_ignore_ascii_case(side) && t.1.eq_ignore_ascii_case(column) && t.2 == sign
+            };
+            // this - other + constant >= 0: this >= other - constant.
+            if let [a, b] = terms.as_slice()
+                && ((is(a, this, this_column, 1) && is(b, other, other_column, -1))
+                    || (is(b, this, this_column, 1) && is(a, other, other_column, -1)))
+            {
+                let c = constant + i64::from(!strict);
+                best = Some(best.map_or(c, |b: i64| b.max(c)));
+            }
+        }
+        best
+    }
+}
+
+/// `a AND b AND …` as its conjuncts (parentheses dropped).
+fn split_and(expr: SqlExpr, out: &mut Vec<SqlExpr>) {
+    match expr {
+        SqlExpr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            split_and(*left, out);
+            split_and(*right, out);
+        }
+        SqlExpr::Nested(inner)
+            if matches!(
+                *inner,
+                SqlExpr::BinaryOp {
+                    op: BinaryOperator::And,
+                    ..
+                }
+            ) =>
+        {
+            split_and(*inner, out);
+        }
+        other => out.push(other),
+    }
+}
+
+/// Which of the inputs `left` and `right` the columns of `expr` belong to.
+fn reads(expr: &SqlExpr, left: &str, right: &str) -> Reads {
+    let mut found = Reads::default();
+    let _ = datafusion_sql::sqlparser::ast::visit_expressions(expr, |e| {
+        if let SqlExpr::CompoundIdentifier(parts) = e
+            && let [side, _] = parts.as_slice()
+        {
+            if side.value.eq_ignore_ascii_case(left) {
+                found.left = true;
+            } else if side.value.eq_ignore_ascii_case(right) {
+                found.right = true;
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+/// Reads `expr` as a sum of qualified columns (each `+` or `-`) and interval constants, adding
+/// it times `sign` to `terms` (input, column, sign) and `constant` (ms). False when it is not.
+fn linear(
+    expr: &SqlExpr,
+    sign: i64,
+    terms: &mut Vec<(String, String, i64)>,
+    constant: &mut i64,
+) -> bool {
+    match expr {
+        SqlExpr::Nested(inner) => linear(inner, sign, terms, constant),
+        SqlExpr::Cast { expr, .. } => linear(expr, sign, terms, constant),
+        SqlExpr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [side, column] => {
+                terms.push((side.value.clone(), column.value.clone(), sign));
+                true
+            }
+            _ => false,
+        },
+        SqlExpr::UnaryOp {
+            op: datafusion_sql::sqlparser::ast::UnaryOperator::Minus,
+            expr,
+        } => linear(expr, -sign, terms, constant),
+        SqlExpr::BinaryOp { left, op, right } => match op {
+            BinaryOperator::Plus => {
+                linear(left, sign, terms, constant) && linear(right, sign, terms, constant)
+            }
+            BinaryOperator::Minus => {
+                linear(left, sign, terms, constant) && linear(right, -sign, terms, constant)
+            }
+            _ => false,
+        },
+        SqlExpr::Interval(interval) => match interval_ms(interval) {
+            Some(ms) => {
+                *constant += sign * ms;
+                true
+            }
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// An interval literal of a fixed length (`INTERVAL 1 HOUR`, `INTERVAL '90' MINUTE`,
+/// `INTERVAL '1 hour 30 minutes'`) in milliseconds; months and years have none.
+fn interval_ms(interval: &datafusion_sql::sqlparser::ast::Interval) -> Option<i64> {
+    use datafusion_sql::sqlparser::ast::Value;
+    if interval.last_field.is_some() {
+        return None;
+    }
+    let value = match interval.value.as_ref() {
+        SqlExpr::Value(v) => match &v.value {
+            Value::Number(n, _) => n.clone(),
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let text = match &interval.leading_field {
+        Some(field) => format!("{value} {}", field.to_string().to_ascii_lowercase()),
+        None => value,
+    };
+    let text = text.trim();
+    let (text, negative) = match text.strip_prefix('-') {
+        Some(rest) => (rest, true),
+        None => (text, false),
+    };
+    let ms = i64::try_from(crate::spec::parse_duration(text).ok()?.as_millis()).ok()?;
+    Some(if negative { -ms } else { ms })
 }
 
 #[cfg(test)]

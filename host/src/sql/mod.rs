@@ -17,7 +17,7 @@ mod plan;
 mod transform;
 
 pub use aggregate::{Lowered, lower as lower_aggregate, needs_lowering};
-pub use condition::{ConditionPlan, RowCondition, Sides};
+pub use condition::{ConditionPlan, JoinConditionParts, RowCondition, Sides};
 pub use functions::{PluginCall, PluginFunction};
 pub use plan::{INPUT_TABLE, PlanError, SqlPlan, plan_sql};
 pub use transform::SqlTransform;

@@ -15,6 +15,7 @@
 //! outer side is always the stream: a static side's unmatched rows would have to be emitted in
 //! every batch). `spec::validate` refuses the others before anything runs.
 
+mod stream;
 mod table;
 
 use std::collections::HashMap;
@@ -31,6 +32,9 @@ use crate::plugin::BatchInfo;
 use crate::spec::{JoinSpec, JoinType};
 use crate::sql::{ConditionPlan, PlanError};
 
+pub use stream::{
+    Eviction, JoinInput, OPERATOR as STREAM_JOIN_OPERATOR, StreamJoin, StreamJoinState, evictions,
+};
 pub use table::{StaticTable, TableError, TableSnapshot};
 
 /// A join that cannot be planned or failed a batch.
@@ -57,6 +61,12 @@ pub enum JoinError {
     },
     #[error(transparent)]
     Table(#[from] TableError),
+    #[error("join {left} with {right}: {source}")]
+    State {
+        left: String,
+        right: String,
+        source: crate::state::StateError,
+    },
 }
 
 impl JoinError {
@@ -65,6 +75,7 @@ impl JoinError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Table(e) => e.is_retryable(),
+            Self::State { .. } => true,
             Self::Plan { .. } | Self::Condition { .. } | Self::Batch { .. } => false,
         }
     }

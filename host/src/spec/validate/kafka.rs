@@ -118,6 +118,7 @@ pub(super) fn source(
     let fail_on_data_loss = s.fail_on_data_loss.unwrap_or(true);
     Some(SourceSpec {
         name: name?,
+        watermark: None,
         kind: SourceKind::Kafka(KafkaSourceSpec {
             bootstrap_servers: bootstrap_servers?,
             topics: topics?,

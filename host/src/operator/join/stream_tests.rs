@@ -1,0 +1,386 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, TimestampMicrosecondType};
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+use super::*;
+use crate::spec::RowCondition;
+use crate::state::StoreKind;
+
+const MIN: i64 = 60_000;
+/// The guide's attribution, scaled: an order within 10 minutes after the click.
+const CONDITION: &str =
+    "orders.occurred_at BETWEEN clicks.clicked_at AND clicks.clicked_at + INTERVAL 10 MINUTES";
+
+fn ts() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))
+}
+
+fn clicks_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("click_id", DataType::Int64, true),
+        Field::new("session_id", DataType::Utf8, true),
+        Field::new("clicked_at", ts(), true),
+    ]))
+}
+
+fn orders_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Int64, true),
+        Field::new("session_id", DataType::Utf8, true),
+        Field::new("occurred_at", ts(), true),
+    ]))
+}
+
+/// Rows (id, session, minute) of a clicks or orders batch.
+fn rows(schema: &SchemaRef, rows: &[(i64, Option<&str>, i64)]) -> RecordBatch {
+    RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.1))),
+            Arc::new(
+                TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.2 * MIN * 1000))
+                    .with_timezone("+00:00"),
+            ),
+        ],
+    )
+    .unwrap()
+}
+
+fn spec(kind: JoinType) -> JoinSpec {
+    JoinSpec {
+        left: "clicks".into(),
+        right: "orders".into(),
+        kind,
+        on: vec!["session_id".into()],
+        condition: Some(RowCondition::parse_join(CONDITION, "clicks", "orders").unwrap()),
+    }
+}
+
+fn inputs() -> (JoinInput, JoinInput) {
+    (
+        JoinInput {
+            schema: clicks_schema(),
+            watermark: Some("clicked_at".into()),
+        },
+        JoinInput {
+            schema: orders_schema(),
+            watermark: Some("occurred_at".into()),
+        },
+    )
+}
+
+fn open(dir: &Path, kind: JoinType, store: StoreKind) -> StreamJoin {
+    let (l, r) = inputs();
+    let options = StateOptions {
+        kind: store,
+        ..StateOptions::default()
+    };
+    StreamJoin::new(
+        spec(kind),
+        &l,
+        &r,
+        &StreamJoinState {
+            dir,
+            partitions: 2,
+            options: &options,
+        },
+    )
+    .unwrap()
+}
+
+/// Each output row as `session click order` (`-` for null), sorted.
+fn show(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        let text = |name: &str, r: usize| -> String {
+            let Some(c) = b.column_by_name(name) else {
+                return String::new();
+            };
+            if c.is_null(r) {
+                return "-".into();
+            }
+            match c.data_type() {
+                DataType::Int64 => c.as_primitive::<Int64Type>().value(r).to_string(),
+                DataType::Utf8 => c.as_string::<i32>().value(r).to_owned(),
+                _ => {
+                    (c.as_primitive::<TimestampMicrosecondType>().value(r) / MIN / 1000).to_string()
+                }
+            }
+        };
+        for r in 0..b.num_rows() {
+            out.push(
+                format!(
+                    "{} {} {}",
+                    text("session_id", r),
+                    text("click_id", r),
+                    text("order_id", r)
+                )
+                .trim_end()
+                .to_owned(),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+fn ctx(batch_id: u64, late_min: i64, wm_min: i64) -> StatefulContext {
+    StatefulContext {
+        batch_id,
+        late_ms: late_min * MIN,
+        watermark_ms: wm_min * MIN,
+    }
+}
+
+#[test]
+fn the_condition_bounds_each_side_as_spark_computes_it() {
+    let c = RowCondition::parse_join(CONDITION, "clicks", "orders").unwrap();
+    // clicks.clicked_at >= orders.occurred_at - 10 min (a `<=`: one millisecond more).
+    assert_eq!(
+        c.lower_bound_ms(true, "clicked_at", "occurred_at"),
+        Some(10 * MIN + 1)
+    );
+    // orders.occurred_at >= clicks.clicked_at.
+    assert_eq!(
+        c.lower_bound_ms(false, "occurred_at", "clicked_at"),
+        Some(1)
+    );
+    let strict = RowCondition::parse_join(
+        "orders.occurred_at > clicks.clicked_at AND orders.occurred_at < clicks.clicked_at + INTERVAL '1' HOUR",
+        "clicks",
+        "orders",
+    )
+    .unwrap();
+    assert_eq!(
+        strict.lower_bound_ms(true, "clicked_at", "occurred_at"),
+        Some(60 * MIN)
+    );
+    assert_eq!(
+        strict.lower_bound_ms(false, "occurred_at", "clicked_at"),
+        Some(0)
+    );
+    // Only an upper bound on the orders: they can never be let go.
+    let upper = RowCondition::parse_join(
+        "orders.occurred_at <= clicks.clicked_at + INTERVAL 1 HOUR",
+        "clicks",
+        "orders",
+    )
+    .unwrap();
+    assert_eq!(
+        upper.lower_bound_ms(false, "occurred_at", "clicked_at"),
+        None
+    );
+    assert_eq!(
+        upper.lower_bound_ms(true, "clicked_at", "occurred_at"),
+        Some(60 * MIN + 1)
+    );
+    // Another column than the watermark's bounds nothing.
+    assert_eq!(c.lower_bound_ms(true, "other", "occurred_at"), None);
+}
+
+#[test]
+fn the_condition_splits_into_each_side_s_part_and_the_pairs() {
+    let c = RowCondition::parse_join(
+        "clicks.url <> '/' AND (orders.amount > 10 AND orders.occurred_at >= clicks.clicked_at) AND 1 = 1",
+        "clicks",
+        "orders",
+    )
+    .unwrap();
+    let parts = c.split_join().unwrap();
+    assert_eq!(
+        parts.left_only.unwrap().to_string(),
+        "(clicks.url <> '/') AND (1 = 1)"
+    );
+    assert_eq!(
+        parts.right_only.unwrap().to_string(),
+        "(orders.amount > 10) AND (1 = 1)"
+    );
+    assert_eq!(
+        parts.both.unwrap().to_string(),
+        "(orders.occurred_at >= clicks.clicked_at)"
+    );
+}
+
+#[test]
+fn an_inner_join_pairs_rows_across_batches_once_and_evicts_by_the_watermark() {
+    for store in [StoreKind::Memory, StoreKind::RocksDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut join = open(dir.path(), JoinType::Inner, store);
+        join.load(None).unwrap();
+        // Batch 0: a click and its order in the same batch, a click whose order comes later,
+        // an order too late for its click (15 min after), a null session, another session.
+        let out = join
+            .process(
+                &ctx(0, 0, 0),
+                [
+                    &[rows(
+                        &clicks_schema(),
+                        &[
+                            (1, Some("a"), 10),
+                            (2, Some("b"), 10),
+                            (3, Some("c"), 10),
+                            (4, None, 10),
+                        ],
+                    )],
+                    &[rows(
+                        &orders_schema(),
+                        &[(100, Some("a"), 15), (300, Some("c"), 25), (400, None, 12)],
+                    )],
+                ],
+            )
+            .unwrap();
+        assert_eq!(show(&out), ["a 1 100"]);
+        let m = join.commit(0).unwrap();
+        // Clicks 1, 2, 3 and orders 100, 300 wait; the null keys are dropped.
+        assert_eq!(
+            (
+                m.num_rows_total,
+                m.num_rows_updated,
+                m.operator_name.as_str()
+            ),
+            (5, 5, OPERATOR)
+        );
+        // Batch 1 (watermark 14): b's order, and a second click of session a that pairs with
+        // order 100 (the order waits until the watermark passes 15).
+        let out = join
+            .process(
+                &ctx(1, 0, 14),
+                [
+                    &[rows(&clicks_schema(), &[(5, Some("a"), 14)])],
+                    &[rows(&orders_schema(), &[(200, Some("b"), 19)])],
+                ],
+            )
+            .unwrap();
+        assert_eq!(show(&out), ["a 5 100", "b 2 200"]);
+        let m = join.commit(1).unwrap();
+        // Evicted at watermark 14: orders at or below it (none), clicks at or below
+        // 14 - 10 min - 1 ms (none: the clicks are at 10).
+        assert_eq!(m.num_rows_total, 7);
+        // Batch 2, watermark 30: every click (at or below 19:59.999) and order (at or below
+        // 29:59.999) goes; a late click (at 14 <= the previous watermark 14) is dropped.
+        let out = join
+            .process(
+                &ctx(2, 14, 30),
+                [&[rows(&clicks_schema(), &[(6, Some("c"), 14)])], &[]],
+            )
+            .unwrap();
+        assert!(out.is_empty());
+        let m = join.commit(2).unwrap();
+        assert_eq!(m.num_rows_dropped_by_watermark, 1);
+        assert_eq!((m.num_rows_total, m.num_rows_removed), (0, 7), "{store}");
+    }
+}
+
+#[test]
+fn a_left_outer_join_emits_unmatched_clicks_when_the_watermark_lets_them_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::Left, StoreKind::RocksDb);
+    join.load(None).unwrap();
+    let out = join
+        .process(
+            &ctx(0, 0, 0),
+            [
+                &[rows(
+                    &clicks_schema(),
+                    &[(1, Some("a"), 10), (2, Some("b"), 10), (3, None, 11)],
+                )],
+                &[rows(&orders_schema(), &[(100, Some("a"), 12)])],
+            ],
+        )
+        .unwrap();
+    assert_eq!(show(&out), ["a 1 100"]);
+    join.commit(0).unwrap();
+    // Watermark 20: clicks at or below 9:59.999 go; none yet.
+    let out = join.process(&ctx(1, 0, 20), [&[], &[]]).unwrap();
+    assert!(out.is_empty());
+    join.commit(1).unwrap();
+    // Watermark 21: click 2 (unmatched) and the null-session click 3... only 2 (at 10) goes.
+    let out = join.process(&ctx(2, 20, 21), [&[], &[]]).unwrap();
+    assert_eq!(show(&out), ["b 2 -"]);
+    join.commit(2).unwrap();
+
+    // A restart reads the buffers back from the store: click 3 is still there, unmatched.
+    drop(join);
+    let mut again = open(dir.path(), JoinType::Left, StoreKind::RocksDb);
+    again.load(Some(2)).unwrap();
+    let out = again.process(&ctx(3, 21, 22), [&[], &[]]).unwrap();
+    assert_eq!(show(&out), ["- 3 -"]);
+    let m = again.commit(3).unwrap();
+    assert_eq!(m.num_rows_total, 0);
+
+    // A batch run again starts from the state before it, whatever the failed try did.
+    again.load(Some(2)).unwrap();
+    let out = again.process(&ctx(3, 21, 22), [&[], &[]]).unwrap();
+    assert_eq!(show(&out), ["- 3 -"]);
+}
+
+#[test]
+fn a_full_outer_join_emits_both_sides_unmatched_and_a_semi_join_each_click_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::Full, StoreKind::Memory);
+    join.load(None).unwrap();
+    let out = join
+        .process(
+            &ctx(0, 0, 0),
+            [
+                &[rows(
+                    &clicks_schema(),
+                    &[(1, Some("a"), 10), (2, Some("b"), 10)],
+                )],
+                &[rows(
+                    &orders_schema(),
+                    &[
+                        (100, Some("a"), 12),
+                        (200, Some("z"), 12),
+                        (300, Some("b"), 30),
+                    ],
+                )],
+            ],
+        )
+        .unwrap();
+    assert_eq!(show(&out), ["a 1 100"]);
+    join.commit(0).unwrap();
+    let out = join.process(&ctx(1, 0, 40), [&[], &[]]).unwrap();
+    assert_eq!(show(&out), ["b - 300", "b 2 -", "z - 200"]);
+    assert_eq!(join.commit(1).unwrap().num_rows_total, 0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::LeftSemi, StoreKind::Memory);
+    join.load(None).unwrap();
+    let out = join
+        .process(
+            &ctx(0, 0, 0),
+            [
+                &[rows(
+                    &clicks_schema(),
+                    &[(1, Some("a"), 10), (2, Some("b"), 10)],
+                )],
+                &[rows(
+                    &orders_schema(),
+                    &[(100, Some("a"), 12), (101, Some("a"), 13)],
+                )],
+            ],
+        )
+        .unwrap();
+    assert_eq!(show(&out), ["a 1"]);
+    join.commit(0).unwrap();
+    let out = join
+        .process(
+            &ctx(1, 0, 0),
+            [
+                &[rows(&clicks_schema(), &[(3, Some("a"), 11)])],
+                &[rows(
+                    &orders_schema(),
+                    &[(200, Some("b"), 12), (201, Some("b"), 12)],
+                )],
+            ],
+        )
+        .unwrap();
+    // Click 3 meets the buffered orders of a at once; click 2 is emitted once for two orders.
+    assert_eq!(show(&out), ["a 3", "b 2"]);
+}
