@@ -12,11 +12,14 @@ What it does, in this order:
    folder, seeded, so the bytes are always the same) into ``input/`` beside this script, and the
    generator's manifest into ``input.manifest.json``; and the customers dimension the join cases
    read as a static table (``input_customers/customers.json``, made by this script, seeded: see
-   ``generate_customers``). ``--reuse-input`` keeps the committed input (and the customers, if
-   present).
-2. Copies ``input/`` to a scratch folder and sets the modification time of the i-th file (in name
-   order) to ``MTIME_BASE + i``: git keeps no mtimes, and Spark's file source reads oldest first, so
-   the Rust test does exactly the same before it runs Weir.
+   ``generate_customers``); and the clicks stream the stream-stream join cases read beside the
+   orders (``input_clicks/clicks-NNNNN.json``, made from ``input/`` by ``benches/gen_clicks.py``,
+   seeded: see ``generate_clicks``). ``--reuse-input`` keeps the committed input (and the
+   customers and the clicks, if present).
+2. Copies ``input/`` (and ``input_clicks/``) to a scratch folder and sets the modification time of
+   the i-th file (in name order) to ``MTIME_BASE + i``: git keeps no mtimes, and Spark's file source
+   reads oldest first, so the Rust test does exactly the same before it runs Weir (clicks file i
+   with orders file i: one file of each per micro-batch).
 3. Runs every case on Spark (``local[2]``, 2 shuffle partitions, UTC, ``maxFilesPerTrigger=1``,
    ``trigger(availableNow=True)``, PERMISSIVE JSON with an explicit schema), capturing each
    micro-batch's output through ``foreachBatch`` and each batch's watermark from the progress.
@@ -33,8 +36,8 @@ What it does, in this order:
    fraction when it is zero, else milliseconds, or microseconds if the value has any); decimals in
    plain form with their scale (``123.40``); null is an empty field.
    After each case it records in ``hashes.json`` the case's output mode and keys, the pyspark and
-   Java versions, the SHA-256 of the input it read (and of each static table it joined) and of
-   each file above. ``tests/tests/golden.rs``
+   Java versions, the SHA-256 of the input it read (and of each static table it joined and each
+   other stream it read) and of each file above. ``tests/tests/golden.rs``
    checks those hashes and that ``expected.csv`` is what ``batches.csv`` implies, so a golden
    file edited by hand fails the tests: this script is their only writer.
 5. Checks the documented refusals (e.g. a distinct aggregation on a stream) still happen, and writes
@@ -160,6 +163,66 @@ def read_customers(spark):
     """The static side, as the guide reads it (Spark lists and reads it again every micro-batch)."""
     return spark.read.schema(CUSTOMERS_SCHEMA).option("mode", "PERMISSIVE").json(CUSTOMERS_DIR)
 
+
+# The second stream of the stream-stream join cases: clicks, JSON lines in `input_clicks/` (a folder
+# beside `input/`, so the orders input and its hashes are untouched), `clicks-NNNNN.json` file i
+# arriving with `orders-NNNNN.json` file i (the same mtime: one file of each per micro-batch), made
+# from `input/` by the repository's clicks generator (`benches/gen_clicks.py`, seeded: the same bytes
+# on every run; counts in `input_clicks.manifest.json`). The time bound is the join's 10 minutes, so
+# about two thirds of the clicks of a session with an order fall inside it; 5-minute slots as the
+# orders'. Read by Spark as a second `readStream` (PERMISSIVE, `maxFilesPerTrigger` 1) and by Weir as
+# a second `[[source]]`.
+STREAMS_DIRS = {"clicks": os.path.join(HERE, "input_clicks")}
+CLICKS_DIR = STREAMS_DIRS["clicks"]
+CLICKS_SCHEMA = "click_id BIGINT, session_id STRING, clicked_at TIMESTAMP, url STRING"
+CLICKS_SCHEMA_COLUMNS = [c.split()[0] for c in CLICKS_SCHEMA.split(", ")]
+GEN_CLICKS = os.path.join(REPO, "benches", "gen_clicks.py")
+GEN_CLICKS_ARGS = [
+    "--seed", "20240303", "--bound-s", "600", "--start", "2024-03-01T00:00:00", "--slot-seconds", "300",
+    "--too-late-frac", "0.02",
+]
+# The guide's stream-stream join (attribution of orders to the clicks before them), its bound
+# scaled from 1 hour to 10 minutes so that state is evicted within the input's hour: the same text
+# is Spark's join condition (after the session equality) and Weir's `[join] condition`.
+ATTRIBUTION_CONDITION = "orders.occurred_at BETWEEN clicks.clicked_at AND clicks.clicked_at + INTERVAL 10 MINUTES"
+
+
+def generate_clicks(input_dir, folder):
+    """Writes the clicks stream (see CLICKS_*) made from the orders in `input_dir` into `folder`, and
+    the generator's manifest beside it."""
+    if not os.path.isfile(GEN_CLICKS):
+        sys.exit(f"gen_clicks.py not found at {GEN_CLICKS}")
+    scratch = tempfile.mkdtemp(prefix="weir-golden-clicks-")
+    try:
+        out = os.path.join(scratch, "clicks")
+        subprocess.run([sys.executable, GEN_CLICKS, "--orders", input_dir, *GEN_CLICKS_ARGS, "--out", out],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(out + ".manifest.json") as fh:
+            manifest = json.load(fh)
+        manifest.pop("seconds", None)  # wall time: would make the file differ on every run
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        shutil.copytree(out, folder)
+        with open(folder + ".manifest.json", "w", encoding="utf-8", newline="\n") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.write("\n")
+    finally:
+        shutil.rmtree(scratch)
+
+
+def clicks_summary():
+    return {
+        "path": os.path.basename(CLICKS_DIR), "schema": CLICKS_SCHEMA,
+        "files": sorted(n for n in os.listdir(CLICKS_DIR) if n.endswith(".json")),
+        "generator": os.path.relpath(GEN_CLICKS, REPO), "gen_clicks_args": GEN_CLICKS_ARGS,
+        "mtime": "file i as input/ file i: MTIME_BASE + i",
+    }
+
+
+def read_stream(spark, schema, data_dir):
+    return (spark.readStream.schema(schema).option("mode", "PERMISSIVE")
+            .option("maxFilesPerTrigger", 1).json(data_dir))
+
 # The SQL transform case: the same statement text runs on Spark (over a temporary view named
 # `input`) and on Weir (`[[transform]] sql`).
 SQL_TRANSFORM = (
@@ -258,6 +321,46 @@ def cases(F):
                           f"the static side re-read every micro-batch; {about}append",
                     weir=join_toml(how))
 
+    # Stream-stream joins (the guide's ad attribution): both streams with a watermark, the clicks on
+    # the left; the result is Weir's shape: the `on` column (for a full join the one side's that is
+    # not null), then the clicks' other columns, then the orders'; a left semi join only the clicks'.
+    click_cols = ["session_id", "click_id", "clicked_at", "url"]
+    attribution_cols = click_cols + [c for c in ORDER_COLUMNS if c != "session_id"]
+    spark_how = {"inner": "inner", "left": "left_outer", "full": "full_outer", "left_semi": "left_semi"}
+
+    def attribution(how):
+        def query(orders, streams):
+            clicks = streams["clicks"].withWatermark("clicked_at", WATERMARK).alias("clicks")
+            orders = orders.withWatermark("occurred_at", WATERMARK).alias("orders")
+            joined = clicks.join(orders, F.expr(f"clicks.session_id = orders.session_id AND {ATTRIBUTION_CONDITION}"),
+                                 spark_how[how])
+            session = (F.coalesce(F.col("clicks.session_id"), F.col("orders.session_id")) if how == "full"
+                       else F.col("clicks.session_id"))
+            others = [F.col(f"clicks.{c}") for c in click_cols[1:]]
+            if how != "left_semi":
+                others += [F.col(f"orders.{c}") for c in attribution_cols[len(click_cols):]]
+            return joined.select(session.alias("session_id"), *others)
+        return query
+
+    # Spark's schemas declare no `_corrupt_record`: a malformed line is a row of what could be
+    # read (nulls for the rest). Weir's permissive sources add the column, one on each side, so
+    # each input keeps its declared columns before the join (a name on both sides is refused).
+    def attribution_toml(how):
+        keep = (f'[[transform]]\nname = "clicks_columns"\ninput = "clicks"\n'
+                f'sql = "SELECT {", ".join(c for c in CLICKS_SCHEMA_COLUMNS)} FROM input"\n\n'
+                f'[[transform]]\nname = "orders_columns"\ninput = "orders"\n'
+                f'sql = "SELECT {", ".join(ORDER_COLUMNS)} FROM input"\n\n')
+        return (keep + f'[join]\nleft = "clicks"\nright = "orders"\ntype = "{how}"\non = ["session_id"]\n'
+                f'condition = "{ATTRIBUTION_CONDITION}"\n')
+
+    def attribution_case(how, columns, state_store, about):
+        return dict(query=attribution(how), mode="append", columns=columns, keys=None, watermark=True,
+                    state_store=state_store, streams=["clicks"], check_columns=True,
+                    about=f'clicks.withWatermark("clicked_at", "{WATERMARK}").join(orders.withWatermark('
+                          f'"occurred_at", "{WATERMARK}"), clicks.session_id = orders.session_id AND {ATTRIBUTION_CONDITION}, '
+                          f'"{spark_how[how]}"), one file of each stream per micro-batch; {about}append',
+                    weir=attribution_toml(how))
+
     wm_toml = f'[watermark]\ncolumn = "occurred_at"\ndelay = "{WATERMARK}"\n'
     return {
         "revenue_append": dict(
@@ -327,6 +430,13 @@ def cases(F):
         "join_customers_inner": join_case("inner", joined_cols, ""),
         "join_customers_left_semi": join_case("left_semi", join_cols, "the orders that have a customer, once; "),
         "join_customers_left_anti": join_case("left_anti", join_cols, "the orders without a customer; "),
+        "attribution_inner": attribution_case("inner", attribution_cols, "rocksdb", "the guide's attribution; "),
+        "attribution_left": attribution_case(
+            "left", attribution_cols, "memory", "a click without an order once its state is evicted; "),
+        "attribution_full": attribution_case(
+            "full", attribution_cols, "rocksdb", "the unmatched of both sides once evicted; "),
+        "attribution_left_semi": attribution_case(
+            "left_semi", click_cols, "memory", "each click with an order once, the clicks' columns only; "),
     }
 
 
@@ -435,8 +545,7 @@ def build_session():
 
 
 def stream(spark, data_dir):
-    return (spark.readStream.schema(SCHEMA_DDL).option("mode", "PERMISSIVE")
-            .option("maxFilesPerTrigger", 1).json(data_dir))
+    return read_stream(spark, SCHEMA_DDL, data_dir)
 
 
 def text_rows(F, T, df, columns):
@@ -458,13 +567,18 @@ def text_rows(F, T, df, columns):
     return rows
 
 
-def run_case(spark, F, T, name, case, data_dir, work):
+def run_case(spark, F, T, name, case, data_dir, stream_dirs, work):
     emitted = {}  # batch id -> list of rows (tuples of canonical fields)
 
     def capture(batch_df, batch_id):
         emitted[batch_id] = text_rows(F, T, batch_df, case["columns"])
 
-    df = case["query"](stream(spark, data_dir))
+    if case.get("streams"):
+        assert case["streams"] == ["clicks"], case["streams"]
+        df = case["query"](stream(spark, data_dir),
+                           {"clicks": read_stream(spark, CLICKS_SCHEMA, stream_dirs["clicks"])})
+    else:
+        df = case["query"](stream(spark, data_dir))
     if case.get("check_columns") and df.columns != case["columns"]:
         raise RuntimeError(f"{name}: Spark's columns are {df.columns}, the case says {case['columns']}")
     q = (df.writeStream.foreachBatch(capture).outputMode(case["mode"])
@@ -539,6 +653,10 @@ def record_hashes(name, case, input_dir, versions):
     hashes["input"] = files
     # The static tables' files, per table (folder `input_<table>/`).
     hashes["tables"] = {"customers": table_files}
+    # The other streams' files, per stream (folder `input_<stream>/`, file i staged with input/ file i).
+    stream_inputs = {s: input_hashes(d) for s, d in STREAMS_DIRS.items() if os.path.isdir(d)}
+    if stream_inputs:
+        hashes["streams"] = {s: files_ for s, (files_, _) in stream_inputs.items()}
     cases_ = hashes.setdefault("cases", {})
     cases_[name] = {
         "mode": case["mode"], "keys": case["keys"], **versions, "input": digest,
@@ -547,13 +665,36 @@ def record_hashes(name, case, input_dir, versions):
     if case.get("tables"):
         assert case["tables"] == ["customers"], case["tables"]
         cases_[name]["tables"] = {"customers": table_digest}
+    if case.get("streams"):
+        cases_[name]["streams"] = {s: stream_inputs[s][1] for s in case["streams"]}
     hashes["cases"] = dict(sorted(cases_.items()))
     with open(HASHES, "w", encoding="utf-8", newline="\n") as fh:
         json.dump(hashes, fh, indent=1, sort_keys=True)
         fh.write("\n")
 
 
+def streams_toml(case):
+    """The `[[source]]` of each other stream of a case (before the orders'), with its watermark."""
+    if not case.get("streams"):
+        return ""
+    assert case["streams"] == ["clicks"], case["streams"]
+    return f"""[[source]]
+name = "clicks"
+kind = "files"
+path = "../{os.path.basename(CLICKS_DIR)}"
+format = "json"
+schema = "{CLICKS_SCHEMA}"
+max_files_per_trigger = 1
+on_malformed = "permissive"
+watermark = {{ column = "clicked_at", delay = "{WATERMARK}" }}
+
+"""
+
+
 def pipeline_toml(name, case, spark_info):
+    # A case with several streams gives each source its watermark (no top-level [watermark]).
+    orders_watermark = (f'watermark = {{ column = "occurred_at", delay = "{WATERMARK}" }}\n'
+                        if case.get("streams") else "")
     return f"""# Golden case `{name}`, generated by tests/golden/make_golden.py: edit the script, not this file.
 # Spark {spark_info}: {case["about"]}.
 # The paths below are relative to this file; tests/tests/golden.rs overrides them with --set.
@@ -565,7 +706,7 @@ output_mode = "{case["mode"]}"
 state_store = "{case["state_store"]}"
 state_partitions = 2
 
-[[source]]
+{streams_toml(case)}[[source]]
 name = "orders"
 kind = "files"
 path = "../input"
@@ -573,7 +714,7 @@ format = "json"
 schema = "{SCHEMA_DDL}"
 max_files_per_trigger = 1
 on_malformed = "permissive"
-
+{orders_watermark}
 {case["weir"]}
 [sink]
 kind = "files"
@@ -618,6 +759,8 @@ def main(argv=None):
         generate_input(a.gen_orders, input_dir)
     if not a.reuse_input or not os.path.isdir(CUSTOMERS_DIR):
         generate_customers(CUSTOMERS_DIR)
+    if not a.reuse_input or not os.path.isdir(CLICKS_DIR):
+        generate_clicks(input_dir, CLICKS_DIR)
 
     work = a.work or tempfile.mkdtemp(prefix="weir-golden-")
     try:
@@ -625,13 +768,21 @@ def main(argv=None):
         if os.path.exists(data_dir):
             shutil.rmtree(data_dir)
         names = stage_input(input_dir, data_dir)
+        # The other streams: file i with the mtime of input/ file i (so one of each per batch).
+        stream_dirs = {}
+        for s, folder in STREAMS_DIRS.items():
+            stream_dirs[s] = os.path.join(work, os.path.basename(folder))
+            if os.path.exists(stream_dirs[s]):
+                shutil.rmtree(stream_dirs[s])
+            if len(stage_input(folder, stream_dirs[s])) != len(names):
+                sys.exit(f"{folder} must hold as many files as {input_dir}")
         spark = build_session()
         java = spark.sparkContext._jvm.java.lang.System.getProperty("java.version")
         spark_info = f"{pyspark.__version__} (Java {java})"
         summary = {}
         for name in chosen:
             case = all_cases[name]
-            emitted, progress = run_case(spark, F, T, name, case, data_dir, work)
+            emitted, progress = run_case(spark, F, T, name, case, data_dir, stream_dirs, work)
             rows, emitted_rows, batches = write_case(name, case, emitted, progress, spark_info)
             record_hashes(name, case, input_dir, {"pyspark": pyspark.__version__, "java": java})
             summary[name] = {"mode": case["mode"], "expected_rows": rows, "emitted_rows": emitted_rows,
@@ -649,6 +800,7 @@ def main(argv=None):
             "gen_orders_args": GEN_ARGS, "input_files": names, "mtime_base": MTIME_BASE,
             "refused_by_spark": refusals,
             "tables": {"customers": customers_summary()},
+            "streams": {"clicks": clicks_summary()},
         }
         if not a.cases:
             info["cases"] = summary

@@ -7,7 +7,11 @@
 //! `progress.csv` (each batch's input rows and watermark) and `pipeline.toml`, the same query for
 //! Weir. No Java or Python is needed here. The stream-static join cases also read a static table,
 //! `tests/golden/input_<table>/` (a customers dimension, also made by `make_golden.py`), copied to
-//! the run's scratch folder and given to Weir with `--set table.<table>.path=...`.
+//! the run's scratch folder and given to Weir with `--set table.<table>.path=...`. The
+//! stream-stream join cases read a second stream, `tests/golden/input_<stream>/` (clicks, made by
+//! `benches/gen_clicks.py` from the orders), as many files as `input/`: its file `i` is copied in
+//! together with input file `i`, with the same mtime (one file of each per batch, as Spark read
+//! them), and given to Weir with `--set source.<stream>.path=...`.
 //!
 //! The goldens are only worth anything if Spark wrote them: `make_golden.py` is their only writer
 //! and records the SHA-256 of every file it wrote in `tests/golden/hashes.json`.
@@ -66,7 +70,7 @@ enum Mode {
 
 /// Every golden case and its mode; `golden_files_are_make_goldens` checks this against what
 /// `make_golden.py` recorded, so a case added there without a test here fails.
-const CASES: [(&str, Mode); 15] = [
+const CASES: [(&str, Mode); 19] = [
     ("revenue_append", Mode::Append),
     ("revenue_update", Mode::Update { keys: 3 }),
     ("revenue_complete", Mode::Complete),
@@ -82,6 +86,10 @@ const CASES: [(&str, Mode); 15] = [
     ("join_customers_inner", Mode::Append),
     ("join_customers_left_semi", Mode::Append),
     ("join_customers_left_anti", Mode::Append),
+    ("attribution_inner", Mode::Append),
+    ("attribution_left", Mode::Append),
+    ("attribution_full", Mode::Append),
+    ("attribution_left_semi", Mode::Append),
 ];
 
 #[test]
@@ -159,6 +167,26 @@ fn join_customers_left_anti() -> Result<()> {
     golden_case("join_customers_left_anti")
 }
 
+#[test]
+fn attribution_inner() -> Result<()> {
+    golden_case("attribution_inner")
+}
+
+#[test]
+fn attribution_left() -> Result<()> {
+    golden_case("attribution_left")
+}
+
+#[test]
+fn attribution_full() -> Result<()> {
+    golden_case("attribution_full")
+}
+
+#[test]
+fn attribution_left_semi() -> Result<()> {
+    golden_case("attribution_left_semi")
+}
+
 // ---------------------------------------------------------------------------------------------
 // The golden files themselves: written by make_golden.py only.
 // ---------------------------------------------------------------------------------------------
@@ -191,6 +219,23 @@ fn hashes() -> Result<serde_json::Value> {
 /// The folder of a static table's files: `input_<table>/` beside `input/`.
 fn table_dir(table: &str) -> PathBuf {
     golden_dir().join(format!("input_{table}"))
+}
+
+/// The folder of another stream's files: `input_<stream>/` beside `input/`, file `i` (in name
+/// order) arriving with `input/` file `i`.
+fn stream_dir(stream: &str) -> PathBuf {
+    golden_dir().join(format!("input_{stream}"))
+}
+
+/// The `*.json` files of `dir`, in name order.
+fn json_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| dir.display().to_string())?
+        .map(|e| Ok(e?.path()))
+        .collect::<Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    files.sort();
+    Ok(files)
 }
 
 /// The SHA-256 of each input file (`*.json`) in `dir`, and of their `sha256sum` listing
@@ -237,6 +282,20 @@ fn golden_files_are_make_goldens() -> Result<()> {
             let (files, digest) = input_hashes(&table_dir(table))?;
             check_input_files(&folder, &files, recorded, &mut report);
             table_digests.insert(table.clone(), digest);
+        }
+    }
+    // The other streams the stream-stream join cases read: `input_<stream>/`, per stream in
+    // "streams".
+    let mut stream_digests = BTreeMap::new();
+    if let Some(streams) = hashes["streams"].as_object() {
+        for (stream, recorded) in streams {
+            let folder = format!("input_{stream}");
+            let recorded = recorded
+                .as_object()
+                .with_context(|| format!("hashes.json: streams.{stream} is not an object"))?;
+            let (files, digest) = input_hashes(&stream_dir(stream))?;
+            check_input_files(&folder, &files, recorded, &mut report);
+            stream_digests.insert(stream.clone(), digest);
         }
     }
 
@@ -291,6 +350,14 @@ fn golden_files_are_make_goldens() -> Result<()> {
                 let _ = writeln!(
                     report,
                     "tests/golden/{name} was made from another table than tests/golden/input_{table}/"
+                );
+            }
+        }
+        for (stream, want) in case["streams"].as_object().into_iter().flatten() {
+            if want.as_str() != stream_digests.get(stream).map(String::as_str) {
+                let _ = writeln!(
+                    report,
+                    "tests/golden/{name} was made from another stream than tests/golden/input_{stream}/"
                 );
             }
         }
@@ -535,6 +602,9 @@ struct Golden {
     /// The static tables the case joins (`[[table]]` names; files in `input_<table>/`), as
     /// `make_golden.py` recorded them in `hashes.json`.
     tables: Vec<String>,
+    /// The case's streams besides the orders (`[[source]]` names; files in `input_<stream>/`), as
+    /// `make_golden.py` recorded them in `hashes.json`.
+    streams: Vec<String>,
 }
 
 impl Golden {
@@ -564,10 +634,14 @@ impl Golden {
             ensure!(fields.len() == 3, "progress.csv row {row:?}");
             progress.insert(fields[0].parse()?, (fields[1].parse()?, fields[2].clone()));
         }
-        let tables: Vec<String> = hashes()?["cases"][name]["tables"]
-            .as_object()
-            .map(|t| t.keys().cloned().collect())
-            .unwrap_or_default();
+        let hashes = hashes()?;
+        let recorded = |what: &str| -> Vec<String> {
+            hashes["cases"][name][what]
+                .as_object()
+                .map(|t| t.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let (tables, streams) = (recorded("tables"), recorded("streams"));
         Ok(Self {
             name,
             mode,
@@ -577,6 +651,7 @@ impl Golden {
             batches,
             progress,
             tables,
+            streams,
         })
     }
 
@@ -588,22 +663,36 @@ impl Golden {
 /// One run of a case in its own scratch folder.
 struct Run<'a> {
     golden: &'a Golden,
-    /// Holds `input/`, `checkpoint/`, `out/`; removed on drop.
+    /// Holds `input/`, `input_<stream>/`, `<table>/`, `checkpoint/`, `out/`; removed on drop.
     dir: tempfile::TempDir,
     /// The golden input files, in name order.
     files: Vec<PathBuf>,
+    /// Per other stream of the case: its scratch folder's name and its golden files, in name
+    /// order, as many as `files`.
+    streams: Vec<(String, Vec<PathBuf>)>,
 }
 
 impl<'a> Run<'a> {
     fn new(golden: &'a Golden) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("input"))?;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir().join("input"))?
-            .map(|e| Ok(e?.path()))
-            .collect::<Result<_>>()?;
-        files.retain(|p| p.extension().is_some_and(|e| e == "json"));
-        files.sort();
+        let files = json_files(&golden_dir().join("input"))?;
         ensure!(!files.is_empty(), "no golden input files");
+        // The other streams arrive with the orders: file `i` of each with input file `i`.
+        let mut streams = Vec::new();
+        for stream in &golden.streams {
+            let folder = format!("input_{stream}");
+            std::fs::create_dir_all(dir.path().join(&folder))?;
+            let stream_files = json_files(&stream_dir(stream))?;
+            ensure!(
+                stream_files.len() == files.len(),
+                "tests/golden/{folder}/ holds {} files, tests/golden/input/ {}: make_golden.py \
+                 writes as many",
+                stream_files.len(),
+                files.len()
+            );
+            streams.push((folder, stream_files));
+        }
         // The static tables do not change during a run: copied whole, once, to `<table>/`.
         for table in &golden.tables {
             let dest = dir.path().join(table);
@@ -615,24 +704,36 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        Ok(Self { golden, dir, files })
+        Ok(Self {
+            golden,
+            dir,
+            files,
+            streams,
+        })
     }
 
-    /// Copies input files `range` in and gives file `i` the mtime `MTIME_BASE + i`.
+    /// Copies input files `range` in, each with file `i` of every other stream, and gives the
+    /// files `i` the mtime `MTIME_BASE + i`.
     fn add_files(&self, range: std::ops::Range<usize>) -> Result<()> {
         for i in range {
-            let src = &self.files[i];
-            let dest = self
-                .dir
-                .path()
-                .join("input")
-                .join(src.file_name().context("file name")?);
-            std::fs::copy(src, &dest)?;
             let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(MTIME_BASE + i as u64);
-            std::fs::File::options()
-                .write(true)
-                .open(&dest)?
-                .set_modified(mtime)?;
+            let inputs = std::iter::once(("input", &self.files[i])).chain(
+                self.streams
+                    .iter()
+                    .map(|(folder, files)| (folder.as_str(), &files[i])),
+            );
+            for (folder, src) in inputs {
+                let dest = self
+                    .dir
+                    .path()
+                    .join(folder)
+                    .join(src.file_name().context("file name")?);
+                std::fs::copy(src, &dest)?;
+                std::fs::File::options()
+                    .write(true)
+                    .open(&dest)?
+                    .set_modified(mtime)?;
+            }
         }
         Ok(())
     }
@@ -651,6 +752,12 @@ impl<'a> Run<'a> {
                 .tables
                 .iter()
                 .map(|t| format!("table.{t}.path={}", p(t.as_str()))),
+        )
+        .chain(
+            self.golden
+                .streams
+                .iter()
+                .map(|s| format!("source.{s}.path={}", p(format!("input_{s}").as_str()))),
         )
         .flat_map(|s| ["--set".to_owned(), s])
         .collect()
