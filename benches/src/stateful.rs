@@ -57,8 +57,22 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let spark_python = flag(args, "--spark-python");
     let spark_bench = flag(args, "--spark-bench").map(PathBuf::from);
     let expect = flag(args, "--expect").map(PathBuf::from);
-    if !matches!(query.as_str(), "revenue" | "dedup" | "join") {
-        bail!("--query revenue|dedup|join");
+    if !matches!(query.as_str(), "revenue" | "dedup" | "join" | "attribution") {
+        bail!("--query revenue|dedup|join|attribution");
+    }
+    // The attribution query's other stream: the clicks benches/gen_clicks.py writes for the
+    // orders (default: `clicks/` beside the orders folder).
+    let clicks = flag(args, "--clicks").map_or_else(
+        || input.parent().unwrap_or(&input).join("clicks"),
+        PathBuf::from,
+    );
+    if query == "attribution" && !clicks.is_dir() {
+        bail!(
+            "--clicks {}: no such folder (python3 benches/gen_clicks.py --orders {} --out {} --seed 42)",
+            clicks.display(),
+            input.display(),
+            clicks.display()
+        );
     }
     // The join query's static side: the customers dimension gen_orders.py writes beside the
     // orders folder.
@@ -72,6 +86,11 @@ pub fn stateful(args: &[String]) -> Result<()> {
             customers.display()
         );
     }
+    let inputs = Inputs {
+        orders: input.clone(),
+        customers: customers.clone(),
+        clicks,
+    };
     if spark_python.is_some() != spark_bench.is_some() {
         bail!("--spark-python and --spark-bench go together");
     }
@@ -94,8 +113,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
             &exe,
             &work.join(format!("r{run}")),
             &cache,
-            &input,
-            &customers,
+            &inputs,
             &query,
             &store,
             &dedup_keys,
@@ -111,7 +129,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
         );
         weir.push(w);
         if let (Some(py), Some(dir)) = (&spark_python, &spark_bench) {
-            let s = spark_run(py, dir, &work, &input, &customers, &query, run)?;
+            let s = spark_run(py, dir, &work, &inputs, &query, run)?;
             eprintln!(
                 "spark run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows",
                 s.wall_s, s.cpu_s, s.peak_rss_mb, s.rows
@@ -184,7 +202,11 @@ pub fn stateful(args: &[String]) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let bar = if query == "revenue" { 30.0 } else { 20.0 };
+        let bar = if matches!(query.as_str(), "revenue" | "join" | "attribution") {
+            30.0
+        } else {
+            20.0
+        };
         println!(
             "bars: rows per CPU-second ≥ {bar}× Spark (net): {}; peak RSS ≤ Spark / 10: {}",
             pass(net_ratio >= bar),
@@ -218,13 +240,78 @@ fn show_difference(expected: &[String], got: &[String]) {
     }
 }
 
-fn pipeline_file(
-    input: &Path,
-    customers: &Path,
-    query: &str,
-    store: &str,
-    dedup_keys: &[String],
-) -> String {
+/// The files a query reads.
+struct Inputs {
+    orders: PathBuf,
+    customers: PathBuf,
+    clicks: PathBuf,
+}
+
+/// The guide's attribution: clicks joined with the orders placed within an hour after them in
+/// the same session, both streams with 30-minute watermarks. Each input keeps its declared
+/// columns (the permissive sources' `_corrupt_record` would be on both sides; Spark's schemas
+/// declare none).
+fn attribution_pipeline(inputs: &Inputs, store: &str) -> String {
+    format!(
+        r#"[query]
+name = "bench_attribution"
+checkpoint = "checkpoint"
+trigger = "available-now"
+output_mode = "append"
+state_store = "{store}"
+state_partitions = 2
+
+[[source]]
+name = "clicks"
+kind = "files"
+path = "{clicks}"
+format = "json"
+schema = "click_id BIGINT, session_id STRING, clicked_at TIMESTAMP, url STRING"
+max_files_per_trigger = 1
+watermark = {{ column = "clicked_at", delay = "30 minutes" }}
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "{orders}"
+format = "json"
+schema = "{schema}"
+max_files_per_trigger = 1
+watermark = {{ column = "occurred_at", delay = "30 minutes" }}
+
+[[transform]]
+name = "clicks_columns"
+input = "clicks"
+sql = "SELECT click_id, session_id, clicked_at, url FROM input"
+
+[[transform]]
+name = "orders_columns"
+input = "orders"
+sql = "SELECT order_id, customer_id, status, amount, occurred_at, session_id FROM input"
+
+[join]
+left = "clicks"
+right = "orders"
+type = "inner"
+on = ["session_id"]
+condition = "orders.occurred_at BETWEEN clicks.clicked_at AND clicks.clicked_at + INTERVAL 1 HOUR"
+
+[sink]
+kind = "files"
+path = "out"
+format = "parquet"
+"#,
+        clicks = inputs.clicks.display(),
+        orders = inputs.orders.display(),
+        schema = weir_host::examples::ORDERS_SCHEMA
+    )
+}
+
+fn pipeline_file(inputs: &Inputs, query: &str, store: &str, dedup_keys: &[String]) -> String {
+    if query == "attribution" {
+        return attribution_pipeline(inputs, store);
+    }
+    let (input, customers) = (&inputs.orders, &inputs.customers);
     let dedup = format!("[deduplicate]\nkeys = [{}]\n", dedup_keys.join(", "));
     // Spark's `stream.join(customers, "customer_id", "left").groupBy(window, "country").count()`.
     let join = format!(
@@ -291,16 +378,11 @@ format = "parquet"
     )
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one call site; the pieces are the benchmark's flags"
-)]
 fn weir_run(
     exe: &Path,
     work: &Path,
     cache: &Path,
-    input: &Path,
-    customers: &Path,
+    inputs: &Inputs,
     query: &str,
     store: &str,
     dedup_keys: &[String],
@@ -314,10 +396,7 @@ fn weir_run(
     }
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("pipeline.toml");
-    std::fs::write(
-        &file,
-        pipeline_file(input, customers, query, store, dedup_keys),
-    )?;
+    std::fs::write(&file, pipeline_file(inputs, query, store, dedup_keys))?;
     let started = Instant::now();
     let child = Command::new(exe)
         .args(["cli", "run"])
@@ -342,13 +421,22 @@ fn weir_run(
     };
     let progress = std::fs::read_to_string(dir.join("checkpoint").join("progress.jsonl"))?;
     let (mut rows, mut state_rows_max, mut output_rows) = (0, 0, 0);
+    // The state's rows after each batch, for the plot of BENCHMARKS.md.
+    let mut state_series = String::from("batch_id,input_rows,num_rows_total,watermark\n");
     for line in progress.lines() {
         let p: serde_json::Value = serde_json::from_str(line)?;
         rows += p["numInputRows"].as_u64().unwrap_or(0);
         output_rows += p["sink"]["numOutputRows"].as_u64().unwrap_or(0);
-        state_rows_max =
-            state_rows_max.max(p["stateOperators"][0]["numRowsTotal"].as_u64().unwrap_or(0));
+        let total = p["stateOperators"][0]["numRowsTotal"].as_u64().unwrap_or(0);
+        state_rows_max = state_rows_max.max(total);
+        state_series.push_str(&format!(
+            "{},{},{total},{}\n",
+            p["batchId"],
+            p["numInputRows"],
+            p["eventTime"]["watermark"].as_str().unwrap_or("")
+        ));
     }
+    std::fs::write(work.join(format!("{query}-state.csv")), state_series)?;
     Ok(Run {
         wall_s: wall.as_secs_f64(),
         cpu_s: (tv(usage.ru_utime) + tv(usage.ru_stime)).as_secs_f64(),
@@ -405,6 +493,27 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
             let batch = batch?;
             count += batch.num_rows();
             let ts = |v: i64| normalise_ts(&weir_host::progress::rfc3339_ms(v.div_euclid(1000)));
+            if query == "attribution" {
+                let pairs = |name: &str| -> Result<Vec<String>> {
+                    let c = batch
+                        .column_by_name(name)
+                        .with_context(|| format!("no column {name} in {}", file.display()))?
+                        .as_primitive::<Int64Type>();
+                    Ok((0..c.len())
+                        .map(|i| {
+                            if c.is_null(i) {
+                                String::new()
+                            } else {
+                                c.value(i).to_string()
+                            }
+                        })
+                        .collect())
+                };
+                for (click, order) in pairs("click_id")?.into_iter().zip(pairs("order_id")?) {
+                    rows.push(format!("{click},{order}"));
+                }
+                continue;
+            }
             if query == "join" {
                 let col = |name: &str| {
                     batch
@@ -463,7 +572,7 @@ fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
             }
         }
     }
-    if query == "revenue" || query == "join" {
+    if matches!(query, "revenue" | "join" | "attribution") {
         rows.sort();
         Ok(rows)
     } else {
@@ -483,11 +592,17 @@ fn spark_run(
     python: &str,
     bench: &Path,
     work: &Path,
-    input: &Path,
-    customers: &Path,
+    inputs: &Inputs,
     query: &str,
     run: usize,
 ) -> Result<Run> {
+    let (input, customers) = (&inputs.orders, &inputs.customers);
+    // The reference harness has no stream-stream join: this repository's script runs it.
+    let script = if query == "attribution" {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("spark_attribution.py")
+    } else {
+        bench.join("spark_revenue.py")
+    };
     let results = work.join("spark-results");
     std::fs::create_dir_all(&results)?;
     let tag = format!("{query}.r{run}");
@@ -499,16 +614,13 @@ fn spark_run(
             .arg(&measure)
             .arg("--")
             .arg(python)
-            .arg(bench.join("spark_revenue.py"))
-            .args([
-                "--query",
-                query,
-                "--state-store",
-                "rocksdb",
-                "--tag",
-                &tag,
-                "--no-result",
-            ])
+            .arg(&script)
+            .args(if query == "attribution" {
+                vec![]
+            } else {
+                vec!["--query", query]
+            })
+            .args(["--state-store", "rocksdb", "--tag", &tag, "--no-result"])
             .arg("--input")
             .arg(input)
             .arg("--work")
@@ -518,6 +630,12 @@ fn spark_run(
             .args(
                 (query == "join")
                     .then(|| ["--customers".as_ref(), customers.as_os_str()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(
+                (query == "attribution")
+                    .then(|| ["--clicks".as_ref(), inputs.clicks.as_os_str()])
                     .into_iter()
                     .flatten(),
             )

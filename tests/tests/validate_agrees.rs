@@ -109,6 +109,12 @@ fn every_example_is_accepted_by_validate_and_by_run() -> Result<()> {
             ws.path().join("data/customers/customers.json"),
             "{\"customer_id\": 1, \"name\": \"ada\", \"country\": \"uk\", \"tier\": \"gold\"}\n",
         )?;
+        // The other stream of the stream-stream join example.
+        std::fs::create_dir_all(ws.path().join("data/clicks"))?;
+        std::fs::write(
+            ws.path().join("data/clicks/clicks.json"),
+            "{\"click_id\": 1, \"session_id\": \"s-1\", \"clicked_at\": \"2024-03-01T00:00:00Z\", \"url\": \"/\"}\n",
+        )?;
         let kafka = name.starts_with("kafka");
         // Batches until the data is read, then stop; no broker listens on port 1.
         let mut overrides = vec!["--set", "query.trigger=available-now"];

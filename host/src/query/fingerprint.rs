@@ -387,6 +387,37 @@ fn upgrade(old: &mut Map<String, Value>, new: &mut Map<String, Value>, out: &mut
     }
 }
 
+/// Checks that the checkpoint was written by this query (§3.3): a refused change stops the
+/// start, naming what changed; accepted changes are logged and recorded.
+///
+/// # Errors
+/// [`QueryError::Changed`], or the checkpoint's metadata cannot be written.
+pub(super) fn check(
+    checkpoint: &mut crate::checkpoint::Checkpoint,
+    fingerprint: Value,
+    query: &str,
+) -> Result<(), super::QueryError> {
+    match checkpoint.metadata().fingerprint.clone() {
+        Some(old) => {
+            let diff = compare(&old, &fingerprint);
+            if !diff.refused.is_empty() {
+                return Err(super::QueryError::Changed {
+                    checkpoint: checkpoint.dir().to_path_buf(),
+                    changes: diff.refused,
+                });
+            }
+            for change in &diff.accepted {
+                tracing::info!(query, "accepted a change of the query: {change}");
+            }
+            if !diff.accepted.is_empty() {
+                checkpoint.set_fingerprint(fingerprint)?;
+            }
+        }
+        None => checkpoint.set_fingerprint(fingerprint)?,
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

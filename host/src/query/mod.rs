@@ -22,7 +22,11 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 mod fingerprint;
+mod plan;
+mod plugins;
+mod recovery;
 mod reload;
+mod sinks;
 mod stage;
 
 pub use reload::ReloadOutcome;
@@ -30,30 +34,22 @@ pub use reload::ReloadOutcome;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{self, DecodeError};
 use crate::failpoint::{Failpoint, Phase};
-use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
-use crate::operator::dedup::{DedupConfig, DedupOperator};
-use crate::operator::join::{
-    JoinError, JoinInput, StaticJoin, StaticTable, StreamJoin, StreamJoinState, TableSnapshot,
-};
+use crate::operator::join::{JoinError, StaticJoin, StreamJoin, TableSnapshot};
 use crate::operator::stateful::{
-    OperatorError, OperatorMetrics, StateSchema, StatefulContext, StatefulOperator,
+    OperatorError, OperatorMetrics, StatefulContext, StatefulOperator,
 };
 use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
-use crate::plugin::{
-    BatchInfo, EngineOptions, FunctionSignature, PluginEngine, PluginError, PluginFile,
-    PluginOptions, PluginUsage, PoolOptions, ReplayKey, Sandbox, SharedFunction, WasmFunction,
-    WasmSink, WasmTransform, env_from_host,
-};
+use crate::plugin::{BatchInfo, PluginEngine, PluginError, PluginUsage, ReplayKey, SharedFunction};
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
-use crate::sink::{self, ConsoleSink, FilesSink, MemorySink, PluginSink, SinkError};
+use crate::sink::{MemorySink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
-use crate::spec::{
-    self, OutputMode, Pipeline, SinkSpec, TransformKind, TransformSpec, Trigger, WatermarkPolicy,
-};
+use crate::spec::{self, OutputMode, Pipeline, Trigger, WatermarkPolicy};
 use crate::sql::SqlTransform;
 use crate::state::{StateError, StateOptions};
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
+use plugins::PluginContext;
+use recovery::Watermarks;
 use stage::{QuerySink, StatefulStage, Transform};
 
 /// How long the continuous trigger waits before looking for new files again.
@@ -342,247 +338,46 @@ impl Query {
         }
         let private_networks = options.policy.as_ref().is_none_or(|p| p.private_networks);
         let mut checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
-        let last_planned = checkpoint.offsets().latest()?;
-        let last_committed = checkpoint.commits().latest()?;
-        // Read the newest entries now: a damaged log is reported before
-        // anything runs, naming the file.
-        if let Some(n) = last_planned {
-            let _: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
-        }
-        if let Some(n) = last_committed {
-            let _: Option<CommitEntry> = checkpoint.commits().get(n)?;
-        }
-        let (pending, next_batch) = match last_planned {
-            None => (None, 0),
-            Some(n) if last_committed.is_some_and(|c| c >= n) => (None, n + 1),
-            Some(n) => (Some(n), n + 1),
-        };
+        let position = recovery::position(&checkpoint)?;
+        let (last_planned, pending, next_batch) =
+            (position.last_planned, position.pending, position.next_batch);
 
         let mut sources = Vec::with_capacity(pipeline.sources.len());
         for (index, spec) in pipeline.sources.iter().enumerate() {
             sources.push(sources::open(spec, index, &checkpoint, last_planned)?);
         }
-        let wasm = || {
-            pipeline
-                .transforms
-                .iter()
-                .filter_map(TransformSpec::wasm)
-                .chain(pipeline.functions.iter().map(|f| &f.plugin))
+        let engine = plugins::engine(&pipeline, &options)?;
+        let plugins_ctx = PluginContext {
+            engine: &engine,
+            // Every plugin of the query draws its random numbers from the checkpoint's secret.
+            replay_key: ReplayKey::new(checkpoint.secret(), checkpoint.secret_since()),
+            private_networks,
+            failpoint: options.failpoint(),
         };
-        let fuel = wasm().any(|t| t.limits.fuel.is_some())
-            || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
-        let memory_limits = wasm()
-            .map(|t| t.limits.memory_bytes)
-            .chain(match &pipeline.sink {
-                SinkSpec::Plugin(p) => Some(p.limits.memory_bytes),
-                _ => None,
-            });
-        let plugins = memory_limits.clone().count();
-        let engine = PluginEngine::new(EngineOptions {
-            cache_dir: options.cache_dir.clone(),
-            fuel,
-            pool: Some(PoolOptions::for_plugins(
-                plugins,
-                memory_limits.max().unwrap_or(0),
-            )),
-        })?;
-        // Every plugin of the query draws its random numbers from the checkpoint's secret.
-        let replay_key = ReplayKey::new(checkpoint.secret(), checkpoint.secret_since());
         // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
         // expression that calls them.
-        let mut functions = Vec::with_capacity(pipeline.functions.len());
-        let mut function_plugins = Vec::with_capacity(pipeline.functions.len());
-        for f in &pipeline.functions {
-            let loaded = engine.load(&f.name, &f.plugin.plugin)?;
-            loaded.check_pin(f.plugin.sha256.as_deref())?;
-            let instance = WasmFunction::open(
-                &engine,
-                loaded,
-                PluginOptions {
-                    name: f.name.clone(),
-                    config_json: f.plugin.config.to_string(),
-                    sandbox: sandbox(
-                        &f.name,
-                        &f.plugin.limits,
-                        &f.plugin.capabilities,
-                        private_networks,
-                    )?,
-                    failpoint: options.failpoint(),
-                    replay_key: replay_key.clone(),
-                },
-                vec![FunctionSignature {
-                    name: f.name.clone(),
-                    arguments: f.arguments.clone(),
-                    returns: f.returns.clone(),
-                }],
-            )?;
-            let shared = SharedFunction::new(instance);
-            functions.push(crate::sql::PluginFunction {
-                name: f.name.clone(),
-                arguments: f.arguments.clone(),
-                returns: f.returns.clone(),
-                call: Some(Arc::clone(&shared) as Arc<dyn crate::sql::PluginCall>),
-            });
-            function_plugins.push(shared);
-        }
-        // The transforms of one input first, each on its input's schema; then
-        // the inputs meet (a union: they must agree) and the rest apply to all.
-        let mut input_schemas: Vec<SchemaRef> =
-            sources.iter().map(|s| Arc::clone(s.schema())).collect();
-        let mut schema: Option<SchemaRef> = None;
-        // With a [join], the inputs meet in it, before the first transform of them all.
-        let mut join: Option<StaticJoin> = None;
-        let mut stream_join: Option<StreamJoin> = None;
-        let mut join_at = pipeline.transforms.len();
-        let mut transforms: Vec<Transform> = Vec::new();
-        let mut transform_inputs: Vec<Option<usize>> = Vec::new();
-        let mut watched = Vec::new();
-        for (i, t) in pipeline.transforms.iter().enumerate() {
-            let input = t
-                .input
-                .as_ref()
-                .map(|name| {
-                    pipeline
-                        .sources
-                        .iter()
-                        .position(|s| &s.name == name)
-                        .ok_or_else(|| QueryError::Invalid {
-                            query: pipeline.query.name.clone(),
-                            message: format!("transform {} reads no source named {name:?}", t.name),
-                        })
-                })
-                .transpose()?;
-            let in_schema = match input {
-                Some(j) => &mut input_schemas[j],
-                None => {
-                    if schema.is_none() {
-                        let (met, joined) = meet(&pipeline, &sources, &input_schemas, &checkpoint)?;
-                        schema = Some(met);
-                        (join, stream_join) = joined;
-                        join_at = i;
-                    }
-                    schema.as_mut().unwrap_or_else(|| unreachable!("set above"))
-                }
-            };
-            let transform = match &t.kind {
-                TransformKind::Sql { sql } => Transform::Sql(Box::new(
-                    SqlTransform::new(&t.name, sql, in_schema, &functions)
-                        .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?,
-                )),
-                TransformKind::Wasm(w) => {
-                    let loaded = engine.load(&t.name, &w.plugin)?;
-                    loaded.check_pin(w.sha256.as_deref())?;
-                    watched.push(reload::Watched {
-                        stage: reload::Stage::Transform(i),
-                        file: PluginFile::new(&t.name, &w.plugin, &loaded.sha256),
-                        pin: w.sha256.clone(),
-                    });
-                    Transform::Wasm(Box::new(WasmTransform::open(
-                        &engine,
-                        loaded,
-                        PluginOptions {
-                            name: t.name.clone(),
-                            config_json: w.config.to_string(),
-                            sandbox: sandbox(
-                                &t.name,
-                                &w.limits,
-                                &w.capabilities,
-                                private_networks,
-                            )?,
-                            failpoint: options.failpoint(),
-                            replay_key: replay_key.clone(),
-                        },
-                        Arc::clone(in_schema),
-                    )?))
-                }
-            };
-            *in_schema = Arc::clone(transform.output_schema());
-            transforms.push(transform);
-            transform_inputs.push(input);
-        }
-        let mut schema = match schema {
-            Some(s) => s,
-            None => {
-                let (met, joined) = meet(&pipeline, &sources, &input_schemas, &checkpoint)?;
-                (join, stream_join) = joined;
-                met
-            }
-        };
-        // A stream-stream join's inputs each have their own watermark, where they reach it.
-        let input_watermarks: Vec<Option<Watermark>> = if stream_join.is_some() {
-            pipeline
-                .sources
-                .iter()
-                .zip(&input_schemas)
-                .map(|(s, schema)| {
-                    s.watermark
-                        .as_ref()
-                        .map(|w| Watermark::new(&w.column, millis_i64(w.delay), schema))
-                        .transpose()
-                })
-                .collect::<Result<_, _>>()?
-        } else {
-            Vec::new()
-        };
-        // Stateful transforms in pipeline order: their rank names their state folder.
-        let stateful_plugins: Vec<(usize, String)> = transforms
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.is_stateful())
-            .map(|(i, t)| (i, t.name().to_owned()))
-            .collect();
-        for make in std::mem::take(&mut options.extra_transforms) {
-            let transform = make(&schema);
-            schema = Arc::clone(transform.output_schema());
-            transforms.push(Transform::Native(transform));
-            transform_inputs.push(None);
-        }
-
-        // Expressions in [aggregate] run as projections around the operator (`sql::aggregate`).
-        let mut lowered_pipeline = None;
-        let mut after_aggregate = None;
-        if let Some(a) = &pipeline.aggregate
-            && crate::sql::needs_lowering(&a.group_by, &a.select)
-        {
-            let keep: Vec<&str> = a
-                .window
-                .iter()
-                .map(|w| w.column.as_str())
-                .chain(pipeline.watermark.iter().map(|w| w.column.as_str()))
-                .collect();
-            let plan_error = |error| {
-                QueryError::Transform(TransformError::Sql(crate::sql::SqlError::Plan {
-                    transform: "[aggregate]".into(),
-                    error,
-                }))
-            };
-            let lowered = crate::sql::lower_aggregate(
-                &a.group_by,
-                &a.select,
-                &schema,
-                &keep,
-                a.window.is_some(),
-            )
-            .map_err(plan_error)?;
-            let before = SqlTransform::new(
-                "[aggregate] arguments",
-                &lowered.before,
-                &schema,
-                &functions,
-            )
-            .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
-            schema = Arc::clone(before.output_schema());
-            transforms.push(Transform::Sql(Box::new(before)));
-            transform_inputs.push(None);
-            let mut p = pipeline.clone();
-            p.aggregate = Some(spec::AggregateSpec {
-                group_by: lowered.group_by,
-                select: lowered.select,
-                ..a.clone()
-            });
-            lowered_pipeline = Some(p);
-            after_aggregate = Some(lowered.after);
-        }
+        let (functions, function_plugins) = plugins::functions(&pipeline, &plugins_ctx)?;
+        // Inputs → their own transforms → join → transforms (→ the stateful operator, below).
+        let plan::Stages {
+            mut transforms,
+            transform_inputs,
+            join,
+            stream_join,
+            join_at,
+            input_watermarks,
+            mut watched,
+            mut schema,
+            stateful_plugins,
+            lowered_pipeline,
+            after_aggregate,
+        } = plan::stages(
+            &pipeline,
+            &sources,
+            &checkpoint,
+            &plugins_ctx,
+            &functions,
+            std::mem::take(&mut options.extra_transforms),
+        )?;
         let stateful_pipeline = lowered_pipeline.as_ref().unwrap_or(&pipeline);
 
         let watermark = match &pipeline.watermark {
@@ -595,7 +390,8 @@ impl Query {
         };
         // Planned, not opened: no state store is touched before the
         // fingerprint check, so a refused restart leaves the checkpoint as it was.
-        let mut planned = plan_stateful(stateful_pipeline, checkpoint.state_dir("0"), &schema)?;
+        let mut planned =
+            plan::plan_stateful(stateful_pipeline, checkpoint.state_dir("0"), &schema)?;
         if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
             p.keep_recorded_layout(recorded, &schema)?;
         }
@@ -619,24 +415,7 @@ impl Query {
                 .map(|(_, name)| name.clone())
                 .collect::<Vec<_>>(),
         );
-        match checkpoint.metadata().fingerprint.clone() {
-            Some(old) => {
-                let diff = fingerprint::compare(&old, &fingerprint);
-                if !diff.refused.is_empty() {
-                    return Err(QueryError::Changed {
-                        checkpoint: checkpoint.dir().to_path_buf(),
-                        changes: diff.refused,
-                    });
-                }
-                for change in &diff.accepted {
-                    tracing::info!(query = %pipeline.query.name, "accepted a change of the query: {change}");
-                }
-                if !diff.accepted.is_empty() {
-                    checkpoint.set_fingerprint(fingerprint)?;
-                }
-            }
-            None => checkpoint.set_fingerprint(fingerprint)?,
-        }
+        fingerprint::check(&mut checkpoint, fingerprint, &pipeline.query.name)?;
         for (rank, (i, name)) in stateful_plugins.iter().enumerate() {
             let state = KeyedState::open(&KeyedStateConfig {
                 plugin: name.clone(),
@@ -662,97 +441,22 @@ impl Query {
             None => None,
         };
 
-        // Where the watermark stands (§3.1): the last planned batch's, and
-        // the one its commit computed for the next batch.
-        let (mut last_watermark_ms, mut next_watermark_ms) = (0, 0);
-        let mut source_watermarks_ms = vec![0; sources.len()];
-        if let Some(n) = last_planned {
-            let entry: Option<OffsetEntry> = checkpoint.offsets().get(n)?;
-            let wm = entry.as_ref().map_or(0, |e| e.batch_watermark_ms);
-            last_watermark_ms = wm;
-            next_watermark_ms = wm;
-            source_watermarks_ms = entry.map_or_else(
-                || vec![0; sources.len()],
-                |e| per_source_watermarks(&e, sources.len()),
-            );
-            if pending.is_none() {
-                let commit: Option<CommitEntry> = checkpoint.commits().get(n)?;
-                if let Some(c) = commit {
-                    next_watermark_ms = c.next_batch_watermark_ms;
-                    if c.next_source_watermarks_ms.len() == sources.len() {
-                        source_watermarks_ms = c.next_source_watermarks_ms;
-                    } else {
-                        // Written before per-input watermarks were kept.
-                        source_watermarks_ms = vec![next_watermark_ms; sources.len()];
-                    }
-                }
-            } else if n > 0 {
-                let previous: Option<OffsetEntry> = checkpoint.offsets().get(n - 1)?;
-                last_watermark_ms = previous.map_or(0, |e| e.batch_watermark_ms);
-            }
-        }
+        let Watermarks {
+            last_watermark_ms,
+            next_watermark_ms,
+            source_watermarks_ms,
+        } = recovery::watermarks(&checkpoint, position, sources.len())?;
 
-        let sink = match &pipeline.sink {
-            SinkSpec::Plugin(p) => {
-                let loaded = engine.load(&p.name, &p.plugin)?;
-                loaded.check_pin(p.sha256.as_deref())?;
-                watched.push(reload::Watched {
-                    stage: reload::Stage::Sink,
-                    file: PluginFile::new(&p.name, &p.plugin, &loaded.sha256),
-                    pin: p.sha256.clone(),
-                });
-                let plugin = WasmSink::open(
-                    &engine,
-                    loaded,
-                    PluginOptions {
-                        name: p.name.clone(),
-                        config_json: p.config.to_string(),
-                        sandbox: sandbox(&p.name, &p.limits, &p.capabilities, private_networks)?,
-                        failpoint: options.failpoint(),
-                        replay_key: replay_key.clone(),
-                    },
-                    &schema,
-                )?;
-                QuerySink::Wasm(Box::new(PluginSink::new(plugin)))
-            }
-            SinkSpec::Files { path, format } => {
-                QuerySink::Native(Box::new(FilesSink::new(path.clone(), *format)?))
-            }
-            SinkSpec::Console { max_rows } => QuerySink::Native(Box::new(ConsoleSink::new(
-                options
-                    .console
-                    .take()
-                    .unwrap_or_else(|| Box::new(std::io::stdout())),
-                *max_rows,
-            ))),
-            SinkSpec::Memory => {
-                QuerySink::Native(Box::new(options.memory_sink.clone().unwrap_or_default()))
-            }
-            SinkSpec::Delta(d) => QuerySink::Native(Box::new(delta_sink(
-                d,
-                &pipeline.query,
-                checkpoint.sink_dir("delta").join("pending"),
-                checkpoint.query_id(),
-                options.failpoint(),
-            )?)),
-            SinkSpec::DeltaMerge(m) => QuerySink::Native(Box::new(
-                sink::delta_merge::DeltaMerge::new(sink::delta_merge::DeltaMergeOptions {
-                    table: m.clone(),
-                    app_id: checkpoint.query_id().to_owned(),
-                    failpoint: options.failpoint(),
-                })
-                .map_err(SinkError::from)?,
-            )),
-            SinkSpec::Kafka(k) => QuerySink::Native(Box::new(
-                sink::kafka::KafkaSink::new(
-                    k.clone(),
-                    &schema,
-                    checkpoint.query_id(),
-                    options.failpoint(),
-                )
-                .map_err(SinkError::from)?,
-            )),
-        };
+        let (sink, sink_watched) = sinks::open(
+            &pipeline,
+            &schema,
+            sinks::SinkContext {
+                plugins: &plugins_ctx,
+                checkpoint: &checkpoint,
+                options: &mut options,
+            },
+        )?;
+        watched.extend(sink_watched);
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
@@ -1562,129 +1266,6 @@ fn per_source_watermarks(entry: &OffsetEntry, sources: usize) -> Vec<i64> {
     }
 }
 
-/// The sandbox of plugin `name` as the pipeline file sets it; granted
-/// environment variables are read from the host now.
-fn sandbox(
-    name: &str,
-    limits: &spec::PluginLimits,
-    capabilities: &spec::Capabilities,
-    private_networks: bool,
-) -> Result<Sandbox, PluginError> {
-    Ok(Sandbox {
-        memory_bytes: limits.memory_bytes,
-        timeout: limits.timeout,
-        fuel: limits.fuel,
-        dirs: capabilities.dirs.clone(),
-        env: env_from_host(name, &capabilities.env)?,
-        http: capabilities.http.clone(),
-        delta_merge: capabilities.delta_merge.clone(),
-        private_networks,
-    })
-}
-
-/// The joins where the inputs meet: a stream-static or a stream-stream one.
-type Joins = (Option<StaticJoin>, Option<StreamJoin>);
-
-/// Where the inputs meet: a join of the two inputs (after their own transforms), or the union of
-/// the sources.
-fn meet(
-    pipeline: &Pipeline,
-    sources: &[Box<dyn Source>],
-    input_schemas: &[SchemaRef],
-    checkpoint: &Checkpoint,
-) -> Result<(SchemaRef, Joins), QueryError> {
-    let Some(spec) = &pipeline.join else {
-        return Ok((
-            union_schema(&pipeline.query.name, sources, input_schemas)?,
-            (None, None),
-        ));
-    };
-    let invalid = |message: String| QueryError::Invalid {
-        query: pipeline.query.name.clone(),
-        message,
-    };
-    let source_of = |name: &str| pipeline.sources.iter().position(|s| s.name == name);
-    if let (Some(l), Some(r)) = (source_of(&spec.left), source_of(&spec.right)) {
-        if input_schemas.len() != 2 {
-            return Err(invalid(
-                "a stream-stream join reads exactly two [[source]]s".to_owned(),
-            ));
-        }
-        let input = |i: usize| JoinInput {
-            schema: Arc::clone(&input_schemas[i]),
-            watermark: pipeline.sources[i]
-                .watermark
-                .as_ref()
-                .map(|w| w.column.clone()),
-        };
-        let options = state_options(&pipeline.query);
-        let join = StreamJoin::new(
-            spec.clone(),
-            &input(l),
-            &input(r),
-            &StreamJoinState {
-                dir: &checkpoint.state_dir("join"),
-                partitions: pipeline.query.state_partitions,
-                options: &options,
-            },
-        )?;
-        return Ok((Arc::clone(join.output_schema()), (None, Some(join))));
-    }
-    let table = pipeline
-        .tables
-        .iter()
-        .find(|t| t.name == spec.left || t.name == spec.right)
-        .ok_or_else(|| {
-            invalid(format!(
-                "[join] names no [[table]] ({} and {})",
-                spec.left, spec.right
-            ))
-        })?;
-    let [stream] = input_schemas else {
-        return Err(invalid(
-            "a stream-static join reads exactly one [[source]]".to_owned(),
-        ));
-    };
-    let join = StaticJoin::new(
-        spec.clone(),
-        StaticTable::open(table.clone()).map_err(JoinError::from)?,
-        Arc::clone(stream),
-    )?;
-    Ok((Arc::clone(join.output_schema()), (Some(join), None)))
-}
-
-fn union_schema(
-    query: &str,
-    sources: &[Box<dyn Source>],
-    schemas: &[SchemaRef],
-) -> Result<SchemaRef, QueryError> {
-    let first = &schemas[0];
-    for (i, other) in schemas.iter().enumerate().skip(1) {
-        if other != first {
-            return Err(QueryError::Invalid {
-                query: query.to_owned(),
-                message: format!(
-                    "sources {} and {} have different schemas ({} vs {}); the sources of a query are unioned and must produce the same columns",
-                    sources[0].name(),
-                    sources[i].name(),
-                    schema_text(first),
-                    schema_text(other),
-                ),
-            });
-        }
-    }
-    Ok(Arc::clone(first))
-}
-
-fn schema_text(schema: &SchemaRef) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl QueryError {
     /// Whether running the batch again may succeed (a broker, a disk or a plugin's own
     /// retryable error), as opposed to an error that a retry would only repeat. Every
@@ -1714,116 +1295,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The stateful operator of a pipeline, checked against its input schema
-/// and Spark's rules for output modes, but not opened.
-struct PlannedStateful {
-    config: StatefulConfig,
-    state_schema: StateSchema,
-}
-
-enum StatefulConfig {
-    Aggregate(AggregateConfig),
-    Dedup(DedupConfig),
-}
-
-impl PlannedStateful {
-    /// Keeps the state layout that the checkpoint's fingerprint `recorded`
-    /// says the operator's state was written with (deduplication decides).
-    fn keep_recorded_layout(
-        &mut self,
-        recorded: &serde_json::Value,
-        schema: &SchemaRef,
-    ) -> Result<(), QueryError> {
-        let StatefulConfig::Dedup(config) = &mut self.config else {
-            return Ok(());
-        };
-        let Some(value) = fingerprint::recorded_dedup_value(recorded) else {
-            return Ok(());
-        };
-        if let Some(state_schema) =
-            crate::operator::dedup::keep_recorded_layout(config, &value, schema)?
-        {
-            self.state_schema = state_schema;
-        }
-        Ok(())
-    }
-
-    /// Opens the operator's state stores (creating them on a first start).
-    fn open(self, schema: &SchemaRef) -> Result<Box<dyn StatefulOperator>, QueryError> {
-        Ok(match self.config {
-            StatefulConfig::Aggregate(config) => Box::new(AggregateOperator::new(config, schema)?),
-            StatefulConfig::Dedup(config) => Box::new(DedupOperator::new(config, schema)?),
-        })
-    }
-}
-
-/// The stateful operator of the pipeline, if any, checked against Spark's
-/// rules for output modes; touches no file.
-fn plan_stateful(
-    pipeline: &Pipeline,
-    state_dir: PathBuf,
-    schema: &SchemaRef,
-) -> Result<Option<PlannedStateful>, QueryError> {
-    let query = &pipeline.query;
-    let invalid = |message: String| QueryError::Invalid {
-        query: query.name.clone(),
-        message,
-    };
-    let state = state_options(query);
-    // The rules were checked by `Query::start`; the warnings are logged for the operator.
-    for warning in spec::stateful_warnings(pipeline) {
-        tracing::warn!(query = %query.name, "{warning}");
-    }
-    let delay_ms = pipeline.watermark.as_ref().map_or(0, |w| {
-        i64::try_from(w.delay.as_millis()).unwrap_or(i64::MAX)
-    });
-    if let Some(a) = &pipeline.aggregate {
-        let aggregates = a
-            .select
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                crate::operator::aggregate::parse_agg_expr(text)
-                    .map_err(|e| invalid(format!("aggregate.select[{i}]: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let config = AggregateConfig {
-            window: a.window.clone(),
-            group_by: a.group_by.clone(),
-            aggregates,
-            output_mode: query.output_mode,
-            watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
-            num_partitions: query.state_partitions,
-            state_dir,
-            state,
-        };
-        let state_schema = crate::operator::aggregate::state_schema(&config, schema)?;
-        return Ok(Some(PlannedStateful {
-            config: StatefulConfig::Aggregate(config),
-            state_schema,
-        }));
-    }
-    if let Some(d) = &pipeline.deduplicate {
-        let event_time = pipeline.watermark.as_ref().map(|w| w.column.clone());
-        let config = DedupConfig {
-            keys: d.keys.clone(),
-            within_watermark: d.within_watermark,
-            event_time,
-            delay_ms,
-            num_partitions: query.state_partitions,
-            state_dir,
-            state,
-            one_entry_per_key: false,
-        };
-        let state_schema = crate::operator::dedup::state_schema(&config, schema)?;
-        return Ok(Some(PlannedStateful {
-            config: StatefulConfig::Dedup(config),
-            state_schema,
-        }));
-    }
-    Ok(None)
-}
-
 /// How the query's state stores keep their versions (`query.state_store`).
 fn state_options(query: &spec::QuerySpec) -> StateOptions {
     StateOptions {
@@ -1834,36 +1305,4 @@ fn state_options(query: &spec::QuerySpec) -> StateOptions {
 
 fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The Delta sink of the pipeline (its output mode and `commit_every` fit: `Query::start`
-/// checked [`spec::sink_problems`]).
-fn delta_sink(
-    spec: &spec::DeltaSinkSpec,
-    query: &spec::QuerySpec,
-    pending_dir: PathBuf,
-    query_id: &str,
-    failpoint: Option<Failpoint>,
-) -> Result<sink::delta::DeltaSink, QueryError> {
-    use sink::delta::{DeltaSink, DeltaSinkOptions, WriteMode};
-    let mode = match query.output_mode {
-        OutputMode::Append => WriteMode::Append,
-        OutputMode::Complete => WriteMode::Complete,
-        // Refused by `spec::sink_problems` before any sink is opened; not reached.
-        OutputMode::Update => {
-            return Err(QueryError::Invalid {
-                query: query.name.clone(),
-                message: "a delta sink does not take output_mode \"update\"".into(),
-            });
-        }
-    };
-    let sink = DeltaSink::new(DeltaSinkOptions {
-        spec: spec.clone(),
-        query_id: query_id.to_owned(),
-        mode,
-        pending_dir,
-        failpoint,
-    })
-    .map_err(SinkError::from)?;
-    Ok(sink)
 }

@@ -233,7 +233,7 @@ path = "t"
     let found = problems(dir.path(), text, &[]);
     let missing = dir.path().join("plugins/missing.wasm");
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.max_file_per_trigger", "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv)"),
+        ("source.orders.max_file_per_trigger", "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, watermark)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
         ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
@@ -1357,8 +1357,8 @@ fn delta_source_takes_a_path_and_a_starting_version() {
     );
     let found = problems(dir.path(), &text, &[]);
     let expected: Vec<(String, String)> = vec![
-        ("source.orders.format".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version; the schema is the table's); it is a key of files and kafka sources".into()),
-        ("source.orders.schema".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version; the schema is the table's); it is a key of files and kafka sources".into()),
+        ("source.orders.format".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version, watermark; the schema is the table's); it is a key of files and kafka sources".into()),
+        ("source.orders.schema".into(), "unknown key of a delta source (known keys: kind, name, path, max_files_per_trigger, starting_version, watermark; the schema is the table's); it is a key of files and kafka sources".into()),
         ("source.orders.path".into(), "required key is missing".into()),
         ("source.orders.starting_version".into(), "must be a table version (0 or more), not -1".into()),
     ];
@@ -1371,7 +1371,7 @@ fn delta_source_takes_a_path_and_a_starting_version() {
         problems(dir.path(), &text, &[]),
         vec![(
             "source.orders.starting_version".to_string(),
-            "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv); it is a key of delta sources".to_string()
+            "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, watermark); it is a key of delta sources".to_string()
         )]
     );
 }
@@ -1554,10 +1554,10 @@ fn each_kind_reads_only_its_own_keys_and_reports_all_of_them() {
     assert_eq!(
         problems(dir.path(), &text, &[]),
         vec![
-            ("source.orders.colour".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path)".to_string()),
-            ("source.orders.csv".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path); it is a key of files sources".to_string()),
+            ("source.orders.colour".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path, watermark)".to_string()),
+            ("source.orders.csv".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path, watermark); it is a key of files sources".to_string()),
             ("source.orders.fail_on_data_loss".to_string(), "invalid type: string \"no\", expected a boolean".to_string()),
-            ("source.orders.path".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path); it is a key of files and delta sources".to_string()),
+            ("source.orders.path".to_string(), "unknown key of a kafka source (known keys: kind, name, bootstrap_servers, subscribe, subscribe_pattern, starting_offsets, max_offsets_per_trigger, fail_on_data_loss, format, schema, on_malformed, dead_letter_path, watermark); it is a key of files and delta sources".to_string()),
         ]
     );
     // A kind that is not a string is reported once, as a type, not also as missing.

@@ -578,6 +578,35 @@ impl StateStore {
         Ok(())
     }
 
+    /// Removes `key`, which the caller knows the state holds (committed or written in this
+    /// batch): no lookup.
+    ///
+    /// # Errors
+    /// When the backend cannot be read.
+    pub fn delete_present(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.ensure_ready();
+        debug_assert!(
+            match self.pending.get(key) {
+                Some(v) => v.is_some(),
+                None => self.backend.contains(key)?,
+            },
+            "delete_present of a key the state does not hold"
+        );
+        self.rows = self.rows.saturating_sub(1);
+        match self.pending.entry(key.to_vec()) {
+            Entry::Occupied(mut e) => {
+                let old = e.get().as_ref().map_or(0, Vec::len) as u64;
+                self.pending_bytes -= old;
+                e.insert(None);
+            }
+            Entry::Vacant(e) => {
+                self.pending_bytes += key.len() as u64;
+                e.insert(None);
+            }
+        }
+        Ok(())
+    }
+
     /// Calls `f` with every entry with `start <= key < end` (including this
     /// batch's writes) in key order, until it returns false.
     ///

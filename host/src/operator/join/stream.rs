@@ -145,9 +145,14 @@ struct Side {
     outer: bool,
     chunks: Vec<Option<RecordBatch>>,
     chunk_live: Vec<u32>,
+    /// The slots of each chunk, by row (a compacted chunk's rows are moved to a new one).
+    chunk_slots: Vec<Vec<u32>>,
+    /// The chunk the last compaction made: the next one takes its rows along, so that rows
+    /// that stay for long end up in one chunk, not one per compaction.
+    residue: Option<usize>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    index: HashMap<Arc<[u8]>, Vec<u32>>,
+    index: HashMap<Arc<[u8]>, Vec<u32>, foldhash::fast::RandomState>,
     by_time: BTreeMap<i64, Vec<u32>>,
     next_seq: u64,
     live: u64,
@@ -157,6 +162,8 @@ impl Side {
     fn clear(&mut self) {
         self.chunks.clear();
         self.chunk_live.clear();
+        self.chunk_slots.clear();
+        self.residue = None;
         self.slots.clear();
         self.free.clear();
         self.index.clear();
@@ -194,6 +201,7 @@ impl Side {
         let chunk_id = self.chunks.len() as u32;
         self.chunks.push(Some(chunk));
         self.chunk_live.push(rows.len() as u32);
+        self.chunk_slots.push(Vec::with_capacity(rows.len()));
         let mut ids = Vec::with_capacity(rows.len());
         for (i, &row) in rows.iter().enumerate() {
             let key = keys.row(row as usize);
@@ -245,6 +253,7 @@ impl Side {
             }
         };
         self.index.entry(key).or_default().push(id);
+        self.chunk_slots[chunk as usize].push(id);
         if let Some(t) = time {
             self.by_time.entry(t).or_default().push(id);
         }
@@ -274,17 +283,71 @@ impl Side {
         ids
     }
 
-    /// Lets evicted slots be reused and their chunks go, once nothing refers to them any more.
-    fn release(&mut self, ids: &[u32]) {
+    /// Lets evicted slots be reused and their chunks go, once nothing refers to them any more;
+    /// a chunk mostly evicted has its few remaining rows moved to a new chunk (rows that are
+    /// never evicted, such as those without an event time, would otherwise keep every chunk).
+    fn release(&mut self, ids: &[u32]) -> Result<(), ArrowError> {
+        let mut touched: Vec<usize> = Vec::new();
         for &id in ids {
             let slot = &mut self.slots[id as usize];
             slot.key = Arc::from(&[][..]);
-            let chunk = slot.chunk as usize;
-            if self.chunk_live[chunk] == 0 {
-                self.chunks[chunk] = None;
-            }
+            touched.push(slot.chunk as usize);
             self.free.push(id);
         }
+        touched.sort_unstable();
+        touched.dedup();
+        let compacting = touched.iter().any(|&c| {
+            self.chunk_live[c] > 0 && self.chunk_live[c] as usize * 8 <= self.chunk_slots[c].len()
+        });
+        if compacting
+            && let Some(r) = self.residue
+            && self.chunk_live[r] > 0
+            && !touched.contains(&r)
+        {
+            touched.push(r);
+        }
+        let mut sparse: Vec<u32> = Vec::new();
+        for chunk in touched {
+            let live = self.chunk_live[chunk] as usize;
+            if live == 0 {
+                self.chunks[chunk] = None;
+                self.chunk_slots[chunk] = Vec::new();
+            } else if live * 8 <= self.chunk_slots[chunk].len() || Some(chunk) == self.residue {
+                let chunk_id = chunk as u32;
+                let slots = &self.slots;
+                sparse.extend(
+                    self.chunk_slots[chunk].iter().copied().filter(|&id| {
+                        slots[id as usize].live && slots[id as usize].chunk == chunk_id
+                    }),
+                );
+            }
+        }
+        if sparse.is_empty() {
+            return Ok(());
+        }
+        let columns = self.gather(&sparse)?;
+        let batch = RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(sparse.len())),
+        )?;
+        let new_chunk = self.chunks.len() as u32;
+        for (row, &id) in sparse.iter().enumerate() {
+            let old = self.slots[id as usize].chunk as usize;
+            self.chunk_live[old] -= 1;
+            if self.chunk_live[old] == 0 {
+                self.chunks[old] = None;
+                self.chunk_slots[old] = Vec::new();
+            }
+            let slot = &mut self.slots[id as usize];
+            slot.chunk = new_chunk;
+            slot.row = row as u32;
+        }
+        self.residue = Some(self.chunks.len());
+        self.chunks.push(Some(batch));
+        self.chunk_live.push(sparse.len() as u32);
+        self.chunk_slots.push(sparse);
+        Ok(())
     }
 
     /// The columns of buffered rows `ids`, in order.
@@ -319,11 +382,17 @@ impl Side {
 
     fn store_key(&self, side: u8, key: &[u8], seq: u64) -> Vec<u8> {
         let mut k = Vec::with_capacity(key.len() + 9);
-        k.push(side);
-        k.extend_from_slice(key);
-        k.extend_from_slice(&seq.to_be_bytes());
+        write_store_key(&mut k, side, key, seq);
         k
     }
+}
+
+/// `[side][join key][seq]` into `out`.
+fn write_store_key(out: &mut Vec<u8>, side: u8, key: &[u8], seq: u64) {
+    out.clear();
+    out.push(side);
+    out.extend_from_slice(key);
+    out.extend_from_slice(&seq.to_be_bytes());
 }
 
 /// Where the rows of one side of a batch come from.
@@ -481,9 +550,11 @@ impl StreamJoin {
                 outer: outer[i],
                 chunks: Vec::new(),
                 chunk_live: Vec::new(),
+                chunk_slots: Vec::new(),
+                residue: None,
                 slots: Vec::new(),
                 free: Vec::new(),
-                index: HashMap::new(),
+                index: HashMap::default(),
                 by_time: BTreeMap::new(),
                 next_seq: 0,
                 live: 0,
@@ -673,6 +744,7 @@ impl StreamJoin {
             let times = side.eviction.map(|e| event_times(chunk.column(e.column)));
             side.chunks.push(Some(chunk));
             side.chunk_live.push(rows.len() as u32);
+            side.chunk_slots.push(Vec::with_capacity(rows.len()));
             for (r, (seq, key, _)) in rows.iter().enumerate() {
                 let is_matched = matched[i].contains(&(key.clone(), *seq));
                 let time = times.as_ref().and_then(|t| t[r]);
@@ -714,6 +786,10 @@ impl StreamJoin {
             }
         }
         // What the watermark lets go: an outer side's unmatched rows are emitted now.
+        let marks = [
+            self.sides[LEFT].outer || self.kind == JoinType::LeftSemi,
+            self.sides[RIGHT].outer,
+        ];
         for side in [LEFT, RIGHT] {
             let Some(e) = self.sides[side].eviction else {
                 continue;
@@ -738,14 +814,17 @@ impl StreamJoin {
                 let p = self.state.partition_of(&key);
                 self.state
                     .store_mut(p)
-                    .delete(&k)
+                    .delete_present(&k)
                     .map_err(|e| fail(e.to_string()))?;
                 if was_matched {
-                    let m = self.sides[side].store_key(side as u8 + MATCHED, &key, seq);
-                    self.state
-                        .store_mut(p)
-                        .delete(&m)
-                        .map_err(|e| fail(e.to_string()))?;
+                    // A marker is kept for the sides whose matches are asked about later.
+                    if marks[side] {
+                        let m = self.sides[side].store_key(side as u8 + MATCHED, &key, seq);
+                        self.state
+                            .store_mut(p)
+                            .delete_present(&m)
+                            .map_err(|e| fail(e.to_string()))?;
+                    }
                 } else if self.sides[side].outer {
                     unmatched.push(id);
                 }
@@ -760,7 +839,9 @@ impl StreamJoin {
                 );
             }
             // The slots are free now, and the chunks whose rows are all gone.
-            self.sides[side].release(&gone);
+            self.sides[side]
+                .release(&gone)
+                .map_err(|e| fail(format!("cannot compact the buffered rows: {e}")))?;
         }
         Ok(out)
     }
@@ -880,6 +961,7 @@ impl StreamJoin {
         let remember =
             self.sides[other].outer || (self.kind == JoinType::LeftSemi && other == LEFT);
         let mut semi_emitted: Vec<u32> = Vec::new();
+        let mut buf = Vec::new();
         for &id in &old_idx {
             let slot = &mut self.sides[other].slots[id as usize];
             if slot.matched {
@@ -890,12 +972,12 @@ impl StreamJoin {
                 semi_emitted.push(id);
             }
             if remember {
-                let (key, seq) = (Arc::clone(&slot.key), slot.seq);
-                let m = self.sides[other].store_key(other as u8 + MATCHED, &key, seq);
-                let p = self.state.partition_of(&key);
+                // No marker yet: the row was not matched before.
+                write_store_key(&mut buf, other as u8 + MATCHED, &slot.key, slot.seq);
+                let p = self.state.partition_of(&slot.key);
                 self.state
                     .store_mut(p)
-                    .put(&m, &[])
+                    .put_new(&buf, &[])
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -969,19 +1051,18 @@ impl StreamJoin {
         let ids = self.sides[side]
             .add(batch, &buffered, &keys, &matched, times.as_deref())
             .map_err(arrow("buffer rows"))?;
-        let mut value = Vec::new();
+        // Each buffered row is a new entry (its sequence number is new): no lookup.
         for (&r, &id) in buffered.iter().zip(&ids) {
             let slot = &self.sides[side].slots[id as usize];
-            let (key, seq, is_matched) = (Arc::clone(&slot.key), slot.seq, slot.matched);
-            let k = self.sides[side].store_key(side as u8, &key, seq);
-            value.clear();
-            value.extend_from_slice(values.row(r as usize).as_ref());
-            let p = self.state.partition_of(&key);
+            let p = self.state.partition_of(&slot.key);
             let store = self.state.store_mut(p);
-            store.put(&k, &value).map_err(|e| e.to_string())?;
-            if is_matched && (outer || semi_left) {
-                let m = self.sides[side].store_key(side as u8 + MATCHED, &key, seq);
-                store.put(&m, &[]).map_err(|e| e.to_string())?;
+            write_store_key(&mut buf, side as u8, &slot.key, slot.seq);
+            store
+                .put_new(&buf, values.row(r as usize).as_ref())
+                .map_err(|e| e.to_string())?;
+            if slot.matched && (outer || semi_left) {
+                write_store_key(&mut buf, side as u8 + MATCHED, &slot.key, slot.seq);
+                store.put_new(&buf, &[]).map_err(|e| e.to_string())?;
             }
         }
         self.figures.added += buffered.len() as u64;

@@ -384,3 +384,55 @@ fn a_full_outer_join_emits_both_sides_unmatched_and_a_semi_join_each_click_once(
     // Click 3 meets the buffered orders of a at once; click 2 is emitted once for two orders.
     assert_eq!(show(&out), ["a 3", "b 2"]);
 }
+
+#[test]
+fn rows_that_are_never_evicted_do_not_keep_every_batch_s_rows_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::Inner, StoreKind::Memory);
+    join.load(None).unwrap();
+    let with_null_time = |batch: u64| {
+        let b = rows(
+            &clicks_schema(),
+            &(0..16)
+                .map(|k| {
+                    (
+                        batch as i64 * 100 + k,
+                        Some("s"),
+                        batch as i64 * 10 + k % 10,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        // The last click has no time: never evicted.
+        let mut columns = b.columns().to_vec();
+        let times: TimestampMicrosecondArray = b
+            .column(2)
+            .as_primitive::<TimestampMicrosecondType>()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| if i == 15 { None } else { t })
+            .collect::<TimestampMicrosecondArray>()
+            .with_timezone("+00:00");
+        columns[2] = Arc::new(times);
+        RecordBatch::try_new(clicks_schema(), columns).unwrap()
+    };
+    for batch in 0..40u64 {
+        let wm = batch as i64 * 10;
+        join.process(
+            &ctx(batch, wm.saturating_sub(10), wm),
+            [&[with_null_time(batch)], &[]],
+        )
+        .unwrap();
+        let m = join.commit(batch).unwrap();
+        let chunks = join.sides[LEFT].chunks.iter().flatten().count();
+        assert!(chunks <= 4, "batch {batch}: {chunks} chunks held");
+        // The clicks of the last two batches and every click without a time.
+        assert!(m.num_rows_total <= 2 * 16 + batch + 1, "{m:?}");
+    }
+    // What the compacted chunks hold is what a restart reads back from the store.
+    let live = join.sides[LEFT].live;
+    drop(join);
+    let mut again = open(dir.path(), JoinType::Inner, StoreKind::Memory);
+    again.load(Some(39)).unwrap();
+    assert_eq!(again.sides[LEFT].live, live);
+}

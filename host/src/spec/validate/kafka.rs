@@ -373,7 +373,7 @@ delivery = "at-least-once"
         assert_eq!(
             problems(files),
             [
-                "source.o.subscribe: unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv); it is a key of kafka sources"
+                "source.o.subscribe: unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, watermark); it is a key of kafka sources"
             ]
         );
     }
