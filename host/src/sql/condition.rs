@@ -520,6 +520,72 @@ impl RowCondition {
     }
 }
 
+impl RowCondition {
+    /// The columns of each input (left, right) that a conjunct comparing both inputs reads:
+    /// a row with a null in one of them can match no row, since the comparison is NULL. Spark's
+    /// optimizer filters such rows out before a join (`InferFiltersFromConstraints`), except on
+    /// the side an outer join keeps.
+    pub fn null_rejecting_columns(&self) -> (Vec<String>, Vec<String>) {
+        let (mut l, mut r) = (Vec::new(), Vec::new());
+        let (Some((left, right)), Some(expr)) = (self.join_labels(), self.expr()) else {
+            return (l, r);
+        };
+        let mut conjuncts = Vec::new();
+        split_and(expr, &mut conjuncts);
+        for c in conjuncts {
+            let comparison = match &c {
+                SqlExpr::BinaryOp { op, .. } => matches!(
+                    op,
+                    BinaryOperator::Eq
+                        | BinaryOperator::Lt
+                        | BinaryOperator::LtEq
+                        | BinaryOperator::Gt
+                        | BinaryOperator::GtEq
+                ),
+                SqlExpr::Between { negated: false, .. } => true,
+                _ => false,
+            };
+            // Only plain columns and arithmetic inside: a function could turn a NULL into a value.
+            let plain = |e: &SqlExpr| {
+                let mut terms = Vec::new();
+                let mut constant = 0;
+                linear(e, 1, &mut terms, &mut constant)
+            };
+            let operands: Vec<&SqlExpr> = match &c {
+                SqlExpr::BinaryOp {
+                    left: a, right: b, ..
+                } => vec![a, b],
+                SqlExpr::Between {
+                    expr, low, high, ..
+                } => vec![expr, low, high],
+                _ => Vec::new(),
+            };
+            if !comparison || !operands.iter().all(|e| plain(e)) || !reads(&c, left, right).left {
+                continue;
+            }
+            if !reads(&c, left, right).right {
+                continue;
+            }
+            let _ = datafusion_sql::sqlparser::ast::visit_expressions(&c, |e| {
+                if let SqlExpr::CompoundIdentifier(parts) = e
+                    && let [side, column] = parts.as_slice()
+                {
+                    let list = if side.value.eq_ignore_ascii_case(left) {
+                        &mut l
+                    } else {
+                        &mut r
+                    };
+                    if !list.contains(&column.value) {
+                        list.push(column.value.clone());
+                    }
+                }
+                ControlFlow::<()>::Continue(())
+            });
+        }
+        (l, r)
+    }
+}
+
 /// `a AND b AND …` as its conjuncts (parentheses dropped).
 fn split_and(expr: SqlExpr, out: &mut Vec<SqlExpr>) {
     match expr {

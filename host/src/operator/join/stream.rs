@@ -143,6 +143,9 @@ struct Side {
     eviction: Option<Eviction>,
     /// Whether its unmatched rows are emitted with nulls (an outer join's preserved side).
     outer: bool,
+    /// Columns a null in which means the row can match nothing (the condition's comparisons):
+    /// such rows are dropped before the join unless the side is preserved, as Spark does.
+    null_rejecting: Vec<usize>,
     chunks: Vec<Option<RecordBatch>>,
     chunk_live: Vec<u32>,
     /// The slots of each chunk, by row (a compacted chunk's rows are moved to a new one).
@@ -500,6 +503,13 @@ impl StreamJoin {
             JoinType::Full => [true, true],
             _ => [false, false],
         };
+        let null_rejecting: [Vec<String>; 2] = match &spec.condition {
+            Some(c) => {
+                let (l, r) = c.null_rejecting_columns();
+                [l, r]
+            }
+            None => [Vec::new(), Vec::new()],
+        };
         let side = |i: usize, input: &JoinInput, name: &str| -> Result<Side, JoinError> {
             let keys = spec
                 .on
@@ -548,6 +558,10 @@ impl StreamJoin {
                 watermark,
                 eviction: evictions[i],
                 outer: outer[i],
+                null_rejecting: null_rejecting[i]
+                    .iter()
+                    .filter_map(|c| input.schema.index_of(c).ok())
+                    .collect(),
                 chunks: Vec::new(),
                 chunk_live: Vec::new(),
                 chunk_slots: Vec::new(),
@@ -868,11 +882,19 @@ impl StreamJoin {
         // Which rows go on: a null key matches nothing (kept only by an outer side, to be
         // emitted); a late row is dropped and counted.
         let mut keep = vec![true; n];
-        if let Some(nulls) = &nulls
-            && !outer
-        {
-            for (r, k) in keep.iter_mut().enumerate() {
-                *k = nulls.is_valid(r);
+        if !outer {
+            if let Some(nulls) = &nulls {
+                for (r, k) in keep.iter_mut().enumerate() {
+                    *k = nulls.is_valid(r);
+                }
+            }
+            for &c in &self.sides[side].null_rejecting {
+                let column = batch.column(c);
+                if column.null_count() > 0 {
+                    for (r, k) in keep.iter_mut().enumerate() {
+                        *k = *k && column.is_valid(r);
+                    }
+                }
             }
         }
         if let Some(w) = self.sides[side].watermark {

@@ -436,3 +436,52 @@ fn rows_that_are_never_evicted_do_not_keep_every_batch_s_rows_in_memory() {
     again.load(Some(39)).unwrap();
     assert_eq!(again.sides[LEFT].live, live);
 }
+
+#[test]
+fn rows_that_cannot_satisfy_the_condition_are_not_buffered_unless_an_outer_join_keeps_them() {
+    let c = RowCondition::parse_join(
+        "orders.occurred_at BETWEEN clicks.clicked_at AND clicks.clicked_at + INTERVAL 10 MINUTES AND upper(clicks.url) <> orders.status",
+        "clicks",
+        "orders",
+    )
+    .unwrap();
+    // The function call may turn a NULL into a value: only the plain comparison counts.
+    assert_eq!(
+        c.null_rejecting_columns(),
+        (
+            vec!["clicked_at".to_owned()],
+            vec!["occurred_at".to_owned()]
+        )
+    );
+    let no_time = |schema: &SchemaRef, id: i64| {
+        RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![
+                Arc::new(Int64Array::from(vec![id])),
+                Arc::new(StringArray::from(vec![Some("a")])),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![None::<i64>]).with_timezone("+00:00"),
+                ),
+            ],
+        )
+        .unwrap()
+    };
+    for (kind, buffered) in [
+        (JoinType::Inner, 0),
+        (JoinType::Left, 1),
+        (JoinType::Full, 2),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut join = open(dir.path(), kind, StoreKind::Memory);
+        join.load(None).unwrap();
+        join.process(
+            &ctx(0, 0, 0),
+            [
+                &[no_time(&clicks_schema(), 1)],
+                &[no_time(&orders_schema(), 100)],
+            ],
+        )
+        .unwrap();
+        assert_eq!(join.commit(0).unwrap().num_rows_total, buffered, "{kind:?}");
+    }
+}
