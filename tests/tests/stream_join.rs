@@ -10,7 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use weir_tests::{commit_ids, lines, progress, run_killed_at, run_ok, weir};
+use weir_tests::{
+    Workspace, commit_ids, jsonl_plugin_sink, lines, progress, run_killed_at, run_ok, weir,
+};
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
 const FILES: i64 = 6;
@@ -352,5 +354,40 @@ fn validation_refuses_what_spark_refuses_for_two_streams() -> Result<()> {
         total.windows(2).all(|w| w[0] <= w[1]),
         "state only grows: {total:?}"
     );
+    Ok(())
+}
+
+/// The same join into a Wasm foreachBatch sink (`jsonl_sink`, which appends and keeps a sidecar
+/// of the batches it wrote), killed also while the sink is writing: the rows it holds in the end
+/// are an uninterrupted run's, each once.
+#[test]
+fn a_stream_stream_join_killed_inside_its_plugin_sink_writes_each_row_once() -> Result<()> {
+    let ws = Workspace::new(1, 1)?;
+    write_inputs(ws.path())?;
+    let with_plugin_sink = |tag: &str| -> Result<std::path::PathBuf> {
+        let file = pipeline(ws.path(), tag, "left", "")?;
+        let text = std::fs::read_to_string(&file)?;
+        let at = text.find("[sink]").context("[sink]")?;
+        std::fs::write(&file, format!("{}{}", &text[..at], jsonl_plugin_sink(tag)))?;
+        std::fs::create_dir_all(ws.path().join("out").join(tag))?;
+        Ok(file)
+    };
+    let rows = |tag: &str| -> Result<Vec<String>> {
+        let mut rows = lines(&ws.path().join("out").join(tag).join("orders.jsonl"))?;
+        rows.sort();
+        Ok(rows)
+    };
+    run_ok(EXE, &cache(), &with_plugin_sink("plugin-reference")?, &[])?;
+    let want = rows("plugin-reference")?;
+    ensure!(want.len() > 30, "{} rows", want.len());
+    for phase in ["after-offsets", "in-sink", "before-commit"] {
+        for batch in [1, 4] {
+            let tag = format!("plugin-{phase}-{batch}");
+            let file = with_plugin_sink(&tag)?;
+            run_killed_at(EXE, &cache(), &file, &format!("{phase}@{batch}"))?;
+            run_ok(EXE, &cache(), &file, &[])?;
+            assert_eq!(rows(&tag)?, want, "killed at {phase}@{batch}");
+        }
+    }
     Ok(())
 }
