@@ -294,7 +294,7 @@ fn validation_refuses_what_spark_refuses_for_two_streams() -> Result<()> {
     )?;
     assert!(
         no_bound.contains("join.type")
-            && no_bound.contains("clicks's unmatched rows would never be emitted"),
+            && no_bound.contains("the unmatched rows of clicks would never be emitted"),
         "{no_bound}"
     );
     let anti = case(
@@ -389,5 +389,114 @@ fn a_stream_stream_join_killed_inside_its_plugin_sink_writes_each_row_once() -> 
             assert_eq!(rows(&tag)?, want, "killed at {phase}@{batch}");
         }
     }
+    Ok(())
+}
+
+/// A clock the test sets; counts its reads so that the test knows the query has polled.
+struct ManualClock {
+    now: std::sync::atomic::AtomicI64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl weir_host::query::Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.now.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// An input's own `idle_timeout`: the orders stop after two files, their watermark holds the
+/// query's (the minimum) back, and the clicks after it stay buffered; once the orders have been
+/// idle for the timeout their watermark follows the clock, the query's becomes the clicks', and a
+/// batch without data lets the clicks go (a left join emits the unmatched ones).
+#[test]
+fn an_idle_input_s_own_timeout_lets_the_other_input_s_watermark_lead() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir()?;
+    write_inputs(dir.path())?;
+    for i in 2..FILES {
+        std::fs::remove_file(dir.path().join(format!("orders/orders-{i:05}.json")))?;
+    }
+    let text = std::fs::read_to_string(pipeline(dir.path(), "idle", "left", "")?)?
+        .replace("trigger = \"available-now\"\n", "")
+        .replace(
+            "column = \"occurred_at\", delay = \"5 minutes\"",
+            "column = \"occurred_at\", delay = \"5 minutes\", idle_timeout = \"1 minute\"",
+        );
+    let spec = weir_host::spec::parse(&text, dir.path(), "idle.toml", &[])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let t0: i64 = 1_900_000_000_000;
+    let clock = Arc::new(ManualClock {
+        now: t0.into(),
+        reads: 0.into(),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let (thread_clock, thread_stop) = (Arc::clone(&clock), Arc::clone(&stop));
+    let runner = std::thread::spawn(move || {
+        let options = weir_host::query::QueryOptions {
+            cache_dir: Some(cache()),
+            clock: thread_clock,
+            stop: thread_stop,
+            ..weir_host::query::QueryOptions::default()
+        };
+        weir_host::query::Query::start(spec, options).and_then(|mut q| q.run())
+    });
+    let checkpoint = dir.path().join("checkpoints/idle");
+    let committed = || commit_ids(&checkpoint).unwrap_or_default();
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| -> Result<()> {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while !done() {
+            ensure!(
+                std::time::Instant::now() < until,
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let polled = |what: &str| -> Result<()> {
+        let reads = clock.reads.load(Ordering::SeqCst);
+        wait_for(what, &|| clock.reads.load(Ordering::SeqCst) >= reads + 5)
+    };
+    // The six files of clicks (two with orders), one batch each.
+    wait_for("the data batches", &|| committed().len() >= FILES as usize)?;
+    polled("the query to poll again")?;
+    let before = committed();
+    let last = *before.last().context("a batch")?;
+    let minute = |m: i64| 1_709_251_200_000 + m * 60_000;
+    // The orders' watermark (their latest at 19:00, minus 5 minutes) holds the query's.
+    let wm = |n: u64| -> Result<i64> {
+        Ok(
+            weir_tests::offset_entry(&checkpoint, n)?["batchWatermarkMs"]
+                .as_i64()
+                .unwrap_or(i64::MIN),
+        )
+    };
+    assert_eq!(wm(last)?, minute(14), "batches {before:?}");
+    clock.now.store(t0 + 59_000, Ordering::SeqCst);
+    polled("the query to poll at 59 s")?;
+    assert_eq!(committed(), before, "not idle for a minute yet");
+    clock.now.store(t0 + 60_000, Ordering::SeqCst);
+    wait_for("the idle batch", &|| committed().len() > before.len())?;
+    stop.store(true, Ordering::SeqCst);
+    runner
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))??;
+    let after = *committed().last().context("a batch")?;
+    // The clicks' watermark leads now: their latest (59:00) minus 5 minutes.
+    assert_eq!(wm(after)?, minute(54));
+    let p = progress(&checkpoint)?;
+    let totals: Vec<u64> = p
+        .iter()
+        .map(|r| r["stateOperators"][0]["numRowsTotal"].as_u64().unwrap_or(0))
+        .collect();
+    let (held, let_go) = (totals[before.len() - 1], totals[totals.len() - 1]);
+    assert!(let_go < held, "the idle batch lets clicks go: {totals:?}");
+    let emitted = p.last().and_then(|r| r["sink"]["numOutputRows"].as_u64());
+    assert!(
+        emitted.is_some_and(|n| n > 0),
+        "unmatched clicks emitted: {p:#?}"
+    );
     Ok(())
 }

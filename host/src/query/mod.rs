@@ -681,7 +681,13 @@ impl Query {
     /// advances as if event time kept pace with the clock (clock − delay).
     /// The values go into the next batch's offsets entry, so a replay sees them.
     fn advance_idle_watermark(&mut self, input: usize, now: i64) {
-        let Some(spec) = &self.pipeline.watermark else {
+        // The query's `[watermark]`, or this input's own (a stream-stream join's).
+        let Some(spec) = self
+            .pipeline
+            .watermark
+            .as_ref()
+            .or(self.pipeline.sources[input].watermark.as_ref())
+        else {
             return;
         };
         let Some(idle) = spec.idle_timeout else {
@@ -694,9 +700,20 @@ impl Query {
         let candidate = now.saturating_sub(millis_i64(spec.delay));
         if candidate > self.source_watermarks_ms[input] {
             self.source_watermarks_ms[input] = candidate;
+            // With inputs' own watermarks, only the inputs that have one take part.
+            let inputs: Vec<i64> = if self.input_watermarks.is_empty() {
+                self.source_watermarks_ms.clone()
+            } else {
+                self.source_watermarks_ms
+                    .iter()
+                    .zip(&self.input_watermarks)
+                    .filter(|(_, w)| w.is_some())
+                    .map(|(wm, _)| *wm)
+                    .collect()
+            };
             let combined = watermark::combine(
                 self.next_watermark_ms,
-                &self.source_watermarks_ms,
+                &inputs,
                 self.pipeline.query.watermark_policy == WatermarkPolicy::Max,
             );
             tracing::info!(

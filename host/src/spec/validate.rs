@@ -1556,7 +1556,7 @@ fn stream_join(
             c.push(
                 "join.type",
                 format!(
-                    "a {} join of two streams needs what Spark needs to know when a row of {this} can no longer match: a watermark on both [[source]]s and a condition that bounds {this}'s event time by {other}'s (e.g. {this}.t BETWEEN {other}.t - INTERVAL 1 HOUR AND {other}.t), or a watermark column among `on`; without it {this}'s unmatched rows would never be emitted",
+                    "a {} join of two streams needs what Spark needs to know when a row of {this} can no longer match: a watermark on both [[source]]s and a condition that bounds the event time of {this} by that of {other} (e.g. {this}.t BETWEEN {other}.t - INTERVAL 1 HOUR AND {other}.t), or a watermark column among `on`; without it the unmatched rows of {this} would never be emitted",
                     kind.name()
                 ),
             );

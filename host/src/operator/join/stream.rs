@@ -582,7 +582,7 @@ impl StreamJoin {
             if s.eviction.is_none() {
                 tracing::warn!(
                     input = %s.name,
-                    "the join of {} with {} keeps every row of {} forever: its state grows without limit. Give both inputs a watermark and bound {}'s event time in the condition (e.g. {}.t BETWEEN other.t AND other.t + INTERVAL 1 HOUR)",
+                    "the join of {} with {} keeps every row of {} forever: its state grows without limit. Give both inputs a watermark and bound the event time of {} in the condition (e.g. {}.t BETWEEN other.t AND other.t + INTERVAL 1 HOUR)",
                     spec.left, spec.right, s.name, s.name, s.name
                 );
             }
