@@ -1096,7 +1096,7 @@ impl Query {
             }
             get_batch += get_started.elapsed();
             let add_started = Instant::now();
-            if self.stream_join.is_some() {
+            let event_time = if self.stream_join.is_some() {
                 // Through the transforms of this input, to its side of the join.
                 let side = usize::from(
                     self.pipeline
@@ -1123,60 +1123,47 @@ impl Query {
                         join_inputs[side].push(batch);
                     }
                 }
-                let event_time = self
-                    .input_watermarks
+                self.input_watermarks
                     .get(i)
                     .and_then(Option::as_ref)
-                    .and_then(|w| w.observe(&join_inputs[side][first..]));
-                add_batch += add_started.elapsed();
-                per_source.push(SourceOutcome {
-                    description: source.description(),
-                    input_rows: decoded.num_input_rows,
-                    malformed_rows: decoded.num_malformed,
-                    event_time,
-                    start_offset,
-                    end_offset,
-                    latest_offset,
-                    metrics,
-                });
-                continue;
-            }
-            let first_output = outputs.len();
-            for batch in decoded.batches {
-                let mut batch = batch;
-                for (k, (t, input)) in self
-                    .transforms
-                    .iter_mut()
-                    .zip(&self.transform_inputs)
-                    .enumerate()
-                {
-                    if k == self.join_at
+                    .and_then(|w| w.observe(&join_inputs[side][first..]))
+            } else {
+                let first_output = outputs.len();
+                for batch in decoded.batches {
+                    let mut batch = batch;
+                    for (k, (t, input)) in self
+                        .transforms
+                        .iter_mut()
+                        .zip(&self.transform_inputs)
+                        .enumerate()
+                    {
+                        if k == self.join_at
+                            && let Some(join) = &mut self.join
+                        {
+                            batch = join.process(&batch, info)?;
+                        }
+                        if batch.num_rows() == 0 {
+                            break;
+                        }
+                        if input.is_some_and(|j| j != i) {
+                            continue;
+                        }
+                        batch = t.process(&batch, info)?;
+                    }
+                    if self.join_at >= self.transforms.len()
+                        && batch.num_rows() > 0
                         && let Some(join) = &mut self.join
                     {
                         batch = join.process(&batch, info)?;
                     }
-                    if batch.num_rows() == 0 {
-                        break;
+                    if batch.num_rows() > 0 {
+                        outputs.push(batch);
                     }
-                    if input.is_some_and(|j| j != i) {
-                        continue;
-                    }
-                    batch = t.process(&batch, info)?;
                 }
-                if self.join_at >= self.transforms.len()
-                    && batch.num_rows() > 0
-                    && let Some(join) = &mut self.join
-                {
-                    batch = join.process(&batch, info)?;
-                }
-                if batch.num_rows() > 0 {
-                    outputs.push(batch);
-                }
-            }
-            let event_time = self
-                .watermark
-                .as_ref()
-                .and_then(|w| w.observe(&outputs[first_output..]));
+                self.watermark
+                    .as_ref()
+                    .and_then(|w| w.observe(&outputs[first_output..]))
+            };
             add_batch += add_started.elapsed();
             per_source.push(SourceOutcome {
                 description: source.description(),

@@ -1529,17 +1529,8 @@ fn stream_join(
             .map(|w| w.column.clone())
     };
     let (lw, rw) = (watermark_of(&spec.left), watermark_of(&spec.right));
-    let by_key = spec.on.iter().any(|k| {
-        [&lw, &rw]
-            .iter()
-            .any(|w| w.as_deref().is_some_and(|w| w.eq_ignore_ascii_case(k)))
-    });
-    let bounded = |this_is_left: bool| {
-        let (this, other) = if this_is_left { (&lw, &rw) } else { (&rw, &lw) };
-        by_key
-            || matches!((this, other, &spec.condition), (Some(t), Some(o), Some(cond))
-                if cond.lower_bound_ms(this_is_left, t, o).is_some())
-    };
+    let rules = crate::operator::join::eviction_rules(&spec, lw.as_deref(), rw.as_deref());
+    let bounded = |this_is_left: bool| rules[usize::from(!this_is_left)].is_some();
     let needs: &[bool] = match kind {
         JoinType::Left | JoinType::LeftSemi => &[true],
         JoinType::Right => &[false],

@@ -33,7 +33,8 @@ use crate::spec::{JoinSpec, JoinType};
 use crate::sql::{ConditionPlan, PlanError};
 
 pub use stream::{
-    Eviction, JoinInput, OPERATOR as STREAM_JOIN_OPERATOR, StreamJoin, StreamJoinState, evictions,
+    Eviction, JoinInput, OPERATOR as STREAM_JOIN_OPERATOR, StreamJoin, StreamJoinState,
+    eviction_rules, evictions,
 };
 pub use table::{StaticTable, TableError, TableSnapshot};
 

@@ -63,10 +63,37 @@ pub struct Eviction {
     pub offset_ms: i64,
 }
 
-/// The eviction rule of each side, as Spark derives it (`getStateWatermarkPredicates`): with the
-/// watermark column of either input among the `on` keys, both sides evict by that key; else a
-/// side evicts by its own watermark column when the condition bounds it from below by the other
-/// input's watermark column (and the other input has one). `None`: its buffer grows forever.
+/// Which column of each side (by name) its buffered rows are let go by, and how far below the
+/// watermark (ms), as Spark derives it (`getStateWatermarkPredicates`): with the watermark column
+/// of either input among the `on` keys, both sides by that key; else a side by its own watermark
+/// column when the condition bounds it from below by the other input's watermark column.
+/// `None`: its buffer grows forever. `weir validate` asks the same to refuse an outer join whose
+/// unmatched rows could never be emitted.
+pub fn eviction_rules(
+    spec: &JoinSpec,
+    left_watermark: Option<&str>,
+    right_watermark: Option<&str>,
+) -> [Option<(String, i64)>; 2] {
+    let key = spec.on.iter().find(|k| {
+        [left_watermark, right_watermark]
+            .iter()
+            .any(|w| w.is_some_and(|w| w.eq_ignore_ascii_case(k)))
+    });
+    if let Some(key) = key {
+        return [Some((key.clone(), 0)), Some((key.clone(), 0))];
+    }
+    let one = |this: Option<&str>, other: Option<&str>, this_is_left: bool| {
+        let (this, other, condition) = (this?, other?, spec.condition.as_ref()?);
+        let c = condition.lower_bound_ms(this_is_left, this, other)?;
+        Some((this.to_owned(), -c))
+    };
+    [
+        one(left_watermark, right_watermark, true),
+        one(right_watermark, left_watermark, false),
+    ]
+}
+
+/// [`eviction_rules`] with each column's position in its input.
 ///
 /// # Errors
 /// A sentence when a named column is missing.
@@ -75,49 +102,17 @@ pub fn evictions(
     left: &JoinInput,
     right: &JoinInput,
 ) -> Result<[Option<Eviction>; 2], String> {
-    let key_column = spec.on.iter().find(|k| {
-        [left, right].iter().any(|i| {
-            i.watermark
-                .as_deref()
-                .is_some_and(|w| w.eq_ignore_ascii_case(k))
-        })
-    });
-    let position = |input: &JoinInput, name: &str| {
-        input
-            .schema
-            .index_of(name)
-            .map_err(|_| format!("the column {name:?} is not where the join reads its input"))
-    };
-    if let Some(key) = key_column {
-        return Ok([
-            Some(Eviction {
-                column: position(left, key)?,
-                offset_ms: 0,
-            }),
-            Some(Eviction {
-                column: position(right, key)?,
-                offset_ms: 0,
-            }),
-        ]);
-    }
-    let one = |this: &JoinInput,
-               other: &JoinInput,
-               this_is_left: bool|
-     -> Result<Option<Eviction>, String> {
-        let (Some(this_wm), Some(other_wm), Some(condition)) =
-            (&this.watermark, &other.watermark, &spec.condition)
-        else {
-            return Ok(None);
-        };
-        match condition.lower_bound_ms(this_is_left, this_wm, other_wm) {
-            Some(c) => Ok(Some(Eviction {
-                column: position(this, this_wm)?,
-                offset_ms: -c,
-            })),
-            None => Ok(None),
+    let rules = eviction_rules(spec, left.watermark.as_deref(), right.watermark.as_deref());
+    let mut out = [None, None];
+    for (i, (rule, input)) in rules.into_iter().zip([left, right]).enumerate() {
+        if let Some((column, offset_ms)) = rule {
+            let column = input.schema.index_of(&column).map_err(|_| {
+                format!("the column {column:?} is not where the join reads its input")
+            })?;
+            out[i] = Some(Eviction { column, offset_ms });
         }
-    };
-    Ok([one(left, right, true)?, one(right, left, false)?])
+    }
+    Ok(out)
 }
 
 /// One buffered row: where its values are, and what the store knows it by.
@@ -143,6 +138,9 @@ struct Side {
     eviction: Option<Eviction>,
     /// Whether its unmatched rows are emitted with nulls (an outer join's preserved side).
     outer: bool,
+    /// Whether a later batch asks if its rows found a match (an outer side, a left semi join's
+    /// left): a matched row then has a marker entry in the store.
+    marks: bool,
     /// Columns a null in which means the row can match nothing (the condition's comparisons):
     /// such rows are dropped before the join unless the side is preserved, as Spark does.
     null_rejecting: Vec<usize>,
@@ -355,6 +353,12 @@ impl Side {
 
     /// The columns of buffered rows `ids`, in order.
     fn gather(&self, ids: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
+        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+        self.gather_columns(ids, &all)
+    }
+
+    /// Columns `columns` of buffered rows `ids`, in order.
+    fn gather_columns(&self, ids: &[u32], columns: &[usize]) -> Result<Vec<ArrayRef>, ArrowError> {
         let mut positions: HashMap<u32, usize> = HashMap::new();
         let mut chunks: Vec<&RecordBatch> = Vec::new();
         let mut indices: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
@@ -370,8 +374,9 @@ impl Side {
             });
             indices.push((position, slot.row as usize));
         }
-        (0..self.schema.fields().len())
-            .map(|c| {
+        columns
+            .iter()
+            .map(|&c| {
                 if chunks.is_empty() {
                     return Ok(arrow_array::new_empty_array(
                         self.schema.field(c).data_type(),
@@ -381,12 +386,6 @@ impl Side {
                 arrow_select::interleave::interleave(&arrays, &indices)
             })
             .collect()
-    }
-
-    fn store_key(&self, side: u8, key: &[u8], seq: u64) -> Vec<u8> {
-        let mut k = Vec::with_capacity(key.len() + 9);
-        write_store_key(&mut k, side, key, seq);
-        k
     }
 }
 
@@ -407,17 +406,23 @@ enum Rows2<'a> {
 }
 
 impl Rows2<'_> {
+    /// Every column of rows `idx`.
     fn columns(&self, idx: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
+        let all: Vec<usize> = (0..self.schema().fields().len()).collect();
+        self.columns_at(idx, &all)
+    }
+
+    /// Columns `columns` of rows `idx`.
+    fn columns_at(&self, idx: &[u32], columns: &[usize]) -> Result<Vec<ArrayRef>, ArrowError> {
         match self {
             Self::New(batch) => {
                 let idx = UInt32Array::from(idx.to_vec());
-                batch
-                    .columns()
+                columns
                     .iter()
-                    .map(|c| arrow_select::take::take(c.as_ref(), &idx, None))
+                    .map(|&c| arrow_select::take::take(batch.column(c).as_ref(), &idx, None))
                     .collect()
             }
-            Self::Buffered(side) => side.gather(idx),
+            Self::Buffered(side) => side.gather_columns(idx, columns),
         }
     }
 
@@ -558,6 +563,7 @@ impl StreamJoin {
                 watermark,
                 eviction: evictions[i],
                 outer: outer[i],
+                marks: outer[i] || (i == LEFT && spec.kind == JoinType::LeftSemi),
                 null_rejecting: null_rejecting[i]
                     .iter()
                     .filter_map(|c| input.schema.index_of(c).ok())
@@ -800,10 +806,6 @@ impl StreamJoin {
             }
         }
         // What the watermark lets go: an outer side's unmatched rows are emitted now.
-        let marks = [
-            self.sides[LEFT].outer || self.kind == JoinType::LeftSemi,
-            self.sides[RIGHT].outer,
-        ];
         for side in [LEFT, RIGHT] {
             let Some(e) = self.sides[side].eviction else {
                 continue;
@@ -821,22 +823,23 @@ impl StreamJoin {
                 self.figures.removed += gone.len() as u64;
             }
             let mut unmatched = Vec::new();
+            let mut buf = Vec::new();
             for &id in &gone {
                 let slot = &self.sides[side].slots[id as usize];
-                let (key, seq, was_matched) = (Arc::clone(&slot.key), slot.seq, slot.matched);
-                let k = self.sides[side].store_key(side as u8, &key, seq);
-                let p = self.state.partition_of(&key);
+                let was_matched = slot.matched;
+                write_store_key(&mut buf, side as u8, &slot.key, slot.seq);
+                let p = self.state.partition_of(&slot.key);
                 self.state
                     .store_mut(p)
-                    .delete_present(&k)
+                    .delete_present(&buf)
                     .map_err(|e| fail(e.to_string()))?;
                 if was_matched {
                     // A marker is kept for the sides whose matches are asked about later.
-                    if marks[side] {
-                        let m = self.sides[side].store_key(side as u8 + MATCHED, &key, seq);
+                    if self.sides[side].marks {
+                        write_store_key(&mut buf, side as u8 + MATCHED, &slot.key, slot.seq);
                         self.state
                             .store_mut(p)
-                            .delete_present(&m)
+                            .delete_present(&buf)
                             .map_err(|e| fail(e.to_string()))?;
                     }
                 } else if self.sides[side].outer {
@@ -980,8 +983,7 @@ impl StreamJoin {
             matched[r as usize] = true;
         }
         // The buffered rows matched now are remembered (an outer or semi join asks later).
-        let remember =
-            self.sides[other].outer || (self.kind == JoinType::LeftSemi && other == LEFT);
+        let remember = self.sides[other].marks;
         let mut semi_emitted: Vec<u32> = Vec::new();
         let mut buf = Vec::new();
         for &id in &old_idx {
@@ -1082,7 +1084,7 @@ impl StreamJoin {
             store
                 .put_new(&buf, values.row(r as usize).as_ref())
                 .map_err(|e| e.to_string())?;
-            if slot.matched && (outer || semi_left) {
+            if slot.matched && self.sides[side].marks {
                 write_store_key(&mut buf, side as u8 + MATCHED, &slot.key, slot.seq);
                 store.put_new(&buf, &[]).map_err(|e| e.to_string())?;
             }
@@ -1211,8 +1213,8 @@ fn evaluate_pairs(
                     .map_err(|_| format!("the condition's column {n} is missing"))
             })
             .collect::<Result<_, _>>()?;
-        let all = rows.columns(idx).map_err(|e| e.to_string())?;
-        Ok(wanted.into_iter().map(|i| Arc::clone(&all[i])).collect())
+        // Only the condition's columns: the output's are gathered for the pairs that hold.
+        rows.columns_at(idx, &wanted).map_err(|e| e.to_string())
     };
     let source = pick(left, left_idx, plan.source_columns())?;
     let target = pick(right, right_idx, plan.target_columns())?;
