@@ -41,6 +41,7 @@ pub mod operator;
 pub mod plugin;
 pub mod progress;
 pub mod query;
+pub mod serve;
 pub mod sink;
 pub mod source;
 pub mod spec;

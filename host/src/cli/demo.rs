@@ -23,6 +23,7 @@ pub(super) fn run(
                 failpoint: None,
                 watch_plugins: false,
                 policy: None,
+                metrics: None,
             };
             let code = super::run(&pipeline, &[], options);
             if code == ExitCode::SUCCESS {

@@ -62,6 +62,25 @@ enum Command {
         /// networks a pipeline may use (see SECURITY.md).
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
+        /// Serve the query's Prometheus metrics at http://ADDR/metrics (port 0: any free port;
+        /// the address is printed).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+    },
+    /// Host many tenants' queries behind an HTTP API (see docs/serve.md).
+    Serve {
+        /// The API's address (port 0: any free port; the address is printed).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+        /// One folder per tenant: its plugins, its pipelines' paths, checkpoints and outputs.
+        #[arg(long)]
+        home: PathBuf,
+        /// The tenants file: names, token digests and quotas.
+        #[arg(long)]
+        tenants: PathBuf,
+        /// The largest plugin or pipeline a request may carry.
+        #[arg(long, default_value = "64 MiB")]
+        max_upload: crate::spec::ByteSize,
     },
     /// Check a pipeline file and print every problem at once.
     Validate {
@@ -121,6 +140,7 @@ where
             failpoint,
             watch_plugins,
             policy,
+            metrics,
         } => {
             #[cfg(not(feature = "failpoints"))]
             let failpoint = None;
@@ -136,8 +156,33 @@ where
                 failpoint,
                 watch_plugins,
                 policy,
+                metrics,
             };
             run(&file, &overrides, options)
+        }
+        Command::Serve {
+            listen,
+            home,
+            tenants,
+            max_upload,
+        } => {
+            let options = crate::serve::ServeOptions {
+                listen,
+                tenants,
+                host: crate::serve::HostOptions {
+                    home,
+                    cache_dir,
+                    max_upload_bytes: max_upload.0,
+                },
+            };
+            let bound = |addr| say(&format!("weir serve: listening on http://{addr}"));
+            match crate::serve::serve(&options, stop_flag(), bound) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    complain(&e.to_string());
+                    ExitCode::from(1)
+                }
+            }
         }
         Command::Validate {
             file,
@@ -269,6 +314,8 @@ pub(crate) struct RunOptions {
     pub failpoint: Option<Failpoint>,
     pub watch_plugins: bool,
     pub policy: Option<Arc<crate::spec::Policy>>,
+    /// `--metrics ADDR`.
+    pub metrics: Option<String>,
 }
 
 pub(crate) fn run(file: &Path, overrides: &[String], run: RunOptions) -> ExitCode {
@@ -277,6 +324,7 @@ pub(crate) fn run(file: &Path, overrides: &[String], run: RunOptions) -> ExitCod
         failpoint,
         watch_plugins,
         policy,
+        metrics,
     } = run;
     // Without the `failpoints` feature `Failpoint` has no values: this is always `None`.
     #[cfg(not(feature = "failpoints"))]
@@ -304,8 +352,26 @@ pub(crate) fn run(file: &Path, overrides: &[String], run: RunOptions) -> ExitCod
         );
         return ExitCode::from(2);
     }
+    let on_progress = match metrics {
+        None => None,
+        Some(addr) => {
+            let metrics = crate::progress::Metrics::new();
+            match crate::serve::serve_metrics(&addr, Arc::clone(&metrics)) {
+                Ok(bound) => say(&format!("weir run: metrics on http://{bound}/metrics")),
+                Err(e) => {
+                    complain(&e.to_string());
+                    return ExitCode::from(2);
+                }
+            }
+            let query = pipeline.query.name.clone();
+            let hook: crate::query::ProgressHook =
+                Arc::new(move |p| metrics.observe("", &query, p));
+            Some(hook)
+        }
+    };
     let options = QueryOptions {
         cache_dir,
+        on_progress,
         #[cfg(feature = "failpoints")]
         failpoint,
         stop: stop_flag(),

@@ -3,9 +3,13 @@
 //! read Weir's records unchanged. Fields Spark does not have (malformed
 //! counts, plugin usage) are additions, never renames.
 
+mod metrics;
+
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+
+pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 
 /// One batch's progress (Spark's `StreamingQueryProgress`).
 #[derive(Debug, Clone, Serialize)]
@@ -28,6 +32,12 @@ pub struct QueryProgress {
     pub sink: SinkProgress,
     /// Weir's addition: what each plugin used in this batch.
     pub plugins: Vec<PluginProgress>,
+    /// `timestamp` and `eventTime.watermark` in ms since the epoch, for the metrics (not in the
+    /// record: Spark's has only the strings).
+    #[serde(skip)]
+    pub timestamp_ms: i64,
+    #[serde(skip)]
+    pub watermark_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,14 +80,18 @@ pub struct PluginProgress {
 }
 
 impl QueryProgress {
-    /// The one log line a batch gets.
-    pub fn summary(&self) -> String {
-        let malformed: u64 = self
-            .sources
+    /// The malformed rows of all sources.
+    pub fn malformed_rows(&self) -> u64 {
+        self.sources
             .iter()
             .filter_map(|s| s.metrics.get("numMalformedRows"))
             .filter_map(|v| v.parse::<u64>().ok())
-            .sum();
+            .sum()
+    }
+
+    /// The one log line a batch gets.
+    pub fn summary(&self) -> String {
+        let malformed = self.malformed_rows();
         format!(
             "batch {}: {} rows in, {} rows out, {} malformed, {} ms ({:.0} rows/s)",
             self.batch_id,

@@ -103,7 +103,18 @@ pub struct QueryOptions {
     /// The operator's policy (`--policy`): what the pipeline's paths, grants and limits may
     /// be. `None`: [`spec::Policy::permissive`].
     pub policy: Option<Arc<spec::Policy>>,
+    /// Called with each batch's progress record once it is written (`weir serve`'s status and
+    /// metrics, `weir run --metrics`).
+    pub on_progress: Option<ProgressHook>,
+    /// Called after every look for new builds that `reload` asked for, with what it did (`weir
+    /// serve` answers a plugin upload with it).
+    pub on_reload: Option<ReloadHook>,
 }
+
+/// See [`QueryOptions::on_progress`].
+pub type ProgressHook = Arc<dyn Fn(&QueryProgress) + Send + Sync>;
+/// See [`QueryOptions::on_reload`].
+pub type ReloadHook = Arc<dyn Fn(&[ReloadOutcome]) + Send + Sync>;
 
 impl std::fmt::Debug for QueryOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -142,6 +153,8 @@ impl Default for QueryOptions {
             reload: Arc::new(AtomicBool::new(false)),
             watch_plugins: false,
             policy: None,
+            on_progress: None,
+            on_reload: None,
         }
     }
 }
@@ -580,7 +593,10 @@ impl Query {
     fn reload_if_asked(&mut self) {
         let force = self.options.reload.swap(false, Ordering::Relaxed);
         if force || self.options.watch_plugins {
-            self.reload_plugins(force);
+            let outcomes = self.reload_plugins(force);
+            if force && let Some(hook) = &self.options.on_reload {
+                hook(&outcomes);
+            }
         }
     }
 
@@ -916,6 +932,9 @@ impl Query {
         })?;
         self.checkpoint.append_progress(&json)?;
         tracing::info!(query = %self.pipeline.query.name, batch_id = n, "{}", record.summary());
+        if let Some(hook) = &self.options.on_progress {
+            hook(&record);
+        }
         self.summary.batches += 1;
         self.summary.input_rows += outcome.input_rows;
         self.summary.output_rows += outcome.output_rows;
@@ -967,6 +986,8 @@ impl Query {
             run_id: self.run_id.clone(),
             name: self.pipeline.query.name.clone(),
             timestamp: progress::rfc3339_ms(entry.batch_timestamp_ms),
+            timestamp_ms: entry.batch_timestamp_ms,
+            watermark_ms: self.has_watermark().then_some(entry.batch_watermark_ms),
             batch_id: n,
             batch_duration: total_ms,
             num_input_rows: outcome.input_rows,

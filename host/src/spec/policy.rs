@@ -19,7 +19,9 @@ use serde::Deserialize;
 
 use super::duration::{HumanDuration, format_duration};
 use super::size::{ByteSize, format_byte_size};
-use super::{Capabilities, Pipeline, PluginLimits, Problem, SinkSpec, SourceKind, SpecErrors};
+use super::{
+    Capabilities, Pipeline, PluginLimits, Problem, SinkSpec, SourceKind, SpecErrors, TableKind,
+};
 
 /// A validated policy file.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -212,6 +214,12 @@ pub fn confinement_problems(pipeline: &Pipeline, confinement: Confinement<'_>) -
             SourceKind::Delta(delta) => c.path(&format!("{at}.path"), &delta.path),
             SourceKind::Kafka(_) => {}
         }
+    }
+    for table in &pipeline.tables {
+        let path = match &table.kind {
+            TableKind::Files { path, .. } | TableKind::Delta { path, .. } => path,
+        };
+        c.path(&format!("table.{}.path", table.name), path);
     }
     for (i, t) in pipeline.transforms.iter().enumerate() {
         let Some(w) = t.wasm() else { continue };
