@@ -114,4 +114,10 @@ weir_setup_tests() {
       || weir_fail "$tansu_venv/bin/tansu is not tansu 0.6.0"
   fi
   export WEIR_TANSU="$tansu_venv/bin/tansu"
+
+  # The dashboard of `weir serve` is tested in headless Chromium (Debian's package);
+  # tests/tests/dashboard.rs fails, naming this step, when it is missing.
+  command -v chromium >/dev/null || weir_apt_install chromium
+  command -v chromium >/dev/null || weir_fail "installed chromium but found no chromium command"
+  export WEIR_CHROMIUM="$(command -v chromium)"
 }

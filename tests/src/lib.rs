@@ -15,6 +15,7 @@ pub use weir_host::examples::{OrdersSpec, OrdersWritten};
 
 pub mod delta;
 pub mod kafka;
+pub mod serve;
 pub mod tansu;
 
 /// What plugins opened outside a query draw their random numbers from: one fixed secret, as

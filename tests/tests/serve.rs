@@ -5,231 +5,27 @@
 //! and a server killed with SIGKILL whose restart resumes every query to exactly the rows of an
 //! uninterrupted run. `weir run --metrics` serves the same figures for one query.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use weir_tests::{SCHEMA, sorted_output};
+use weir_tests::serve::{
+    ACME, FILTER, OPERATOR, SQL, Server, ZETA, batches, http, pipeline, plugin, problem_keys, sha,
+    tenants_file, write_orders,
+};
+use weir_tests::sorted_output;
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
-const ACME: &str = "acme-token-1";
-const ZETA: &str = "zeta-token-2";
-const OPERATOR: &str = "operator-token-3";
 
 fn cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")
 }
 
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-fn plugin(name: &str) -> &'static [u8] {
-    weir_host::examples::PLUGINS
-        .iter()
-        .find(|(n, _)| *n == format!("{name}.wasm"))
-        .map(|(_, b)| *b)
-        .expect("an example plugin")
-}
-
-/// A running `weir serve`; killed with SIGKILL when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(home: &Path, tenants: &Path) -> Result<Self> {
-        let mut child = Command::new(EXE)
-            .args(["serve", "--listen", "127.0.0.1:0", "--max-upload", "4 MiB"])
-            .arg("--home")
-            .arg(home)
-            .arg("--tenants")
-            .arg(tenants)
-            .arg("--cache-dir")
-            .arg(cache())
-            .env_remove("WEIR_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting weir serve")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let addr = line
-            .trim()
-            .strip_prefix("weir serve: listening on http://")
-            .with_context(|| format!("weir serve said {line:?}"))?
-            .to_owned();
-        Ok(Self { child, addr })
-    }
-
-    fn kill(mut self) -> Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
-
-    fn call(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Result<Reply> {
-        http(&self.addr, method, path, token, body)
-    }
-
-    fn json(&self, method: &str, path: &str, token: &str, body: &[u8]) -> Result<(u16, Value)> {
-        let reply = self.call(method, path, Some(token), body)?;
-        let json = serde_json::from_str(&reply.body)
-            .with_context(|| format!("{method} {path}: not JSON: {}", reply.body))?;
-        Ok((reply.status, json))
-    }
-
-    /// Polls query `name` until `done` holds of its status, for up to a minute.
-    fn wait_for(&self, name: &str, token: &str, done: impl Fn(&Value) -> bool) -> Result<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (status, q) = self.json("GET", &format!("/v1/queries/{name}"), token, b"")?;
-            ensure!(status == 200, "GET query {name}: {status} {q}");
-            if done(&q) {
-                return Ok(q);
-            }
-            ensure!(
-                q["status"] != "failed",
-                "query {name} failed: {}",
-                q["error"]
-            );
-            ensure!(
-                Instant::now() < deadline,
-                "query {name} never got there: {q}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-/// One HTTP/1.1 request on its own connection.
-fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Result<Reply> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    // The server may answer (413) before reading all of a large body.
-    let _ = stream.write_all(body);
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (headers, body) = text.split_once("\r\n\r\n").context("no header end")?;
-    let status = headers
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no status")?;
-    Ok(Reply {
-        status,
-        headers: headers.to_owned(),
-        body: body.to_owned(),
-    })
-}
-
-fn tenants_file(dir: &Path, acme_extra: &str) -> Result<PathBuf> {
-    let path = dir.join("tenants.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[[tenant]]\nname = \"acme\"\ntoken_sha256 = \"{}\"\n{acme_extra}\n\n\
-             [[tenant]]\nname = \"zeta\"\ntoken_sha256 = \"{}\"\n\n\
-             [operator]\ntoken_sha256 = \"{}\"\n",
-            sha(ACME.as_bytes()),
-            sha(ZETA.as_bytes()),
-            sha(OPERATOR.as_bytes())
-        ),
-    )?;
-    Ok(path)
-}
-
-fn write_orders(dir: &Path, files: usize) -> Result<()> {
-    weir_host::examples::write_orders(
-        dir,
-        weir_host::examples::OrdersSpec {
-            files,
-            lines_per_file: 300,
-            seed: 11,
-            malformed_every: 50,
-        },
-    )?;
-    Ok(())
-}
-
-/// Orders, one file per batch, through the uploaded `filter_rows` (unless `transform` says
-/// otherwise), into JSON files.
-fn pipeline(name: &str, transform: &str, extra: &str) -> String {
-    format!(
-        r#"[query]
-name = "{name}"
-checkpoint = "checkpoints/{name}"
-trigger = "50 milliseconds"
-
-[[source]]
-name = "orders"
-kind = "files"
-path = "data/orders"
-format = "json"
-schema = "{SCHEMA}"
-max_files_per_trigger = 1
-on_malformed = "drop"
-
-{transform}
-
-[sink]
-kind = "files"
-path = "out/{name}"
-format = "json"
-{extra}"#
-    )
-}
-
-const FILTER: &str = r#"[[transform]]
-name = "keep_completed"
-plugin = "filter_rows"
-config = { column = "status", op = "eq", value = "completed" }"#;
-
-const SQL: &str = r#"[[transform]]
-name = "keep_completed"
-sql = "SELECT * FROM input WHERE status = 'completed'""#;
-
-fn batches(q: &Value) -> u64 {
-    q["progress"]["batchId"].as_u64().map_or(0, |b| b + 1)
-}
-
-fn problem_keys(reply: &Value) -> Vec<String> {
-    reply["problems"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| p["key"].as_str().unwrap_or_default().to_owned())
-        .collect()
+fn start(home: &std::path::Path, tenants: &std::path::Path) -> Result<Server> {
+    Server::start(EXE, &cache(), home, tenants)
 }
 
 #[test]
@@ -238,7 +34,7 @@ fn the_api_keeps_tenants_apart_and_runs_their_queries() -> Result<()> {
     let home = dir.path().join("home");
     let tenants = tenants_file(dir.path(), "max_queries = 2\nmemory = \"300 MiB\"")?;
     write_orders(&home.join("acme/data/orders"), 3)?;
-    let server = Server::start(&home, &tenants)?;
+    let server = start(&home, &tenants)?;
 
     // Tokens.
     let none = server.call("GET", "/v1/queries", None, b"")?;
@@ -493,7 +289,7 @@ fn a_killed_server_resumes_its_queries_to_the_same_rows() -> Result<()> {
     write_orders(&home.join("acme/data/orders"), 6)?;
     write_orders(&home.join("zeta/data/orders"), 6)?;
 
-    let server = Server::start(&home, &tenants)?;
+    let server = start(&home, &tenants)?;
     let (status, _) = server.json(
         "PUT",
         "/v1/plugins/filter_rows",
@@ -509,7 +305,7 @@ fn a_killed_server_resumes_its_queries_to_the_same_rows() -> Result<()> {
     server.wait_for("orders", ACME, |q| batches(q) >= 2)?;
     server.kill()?;
 
-    let server = Server::start(&home, &tenants)?;
+    let server = start(&home, &tenants)?;
     for token in [ACME, ZETA] {
         server.wait_for("orders", token, |q| batches(q) >= 6)?;
     }

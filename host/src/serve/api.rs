@@ -20,6 +20,12 @@ use super::host::{Host, ServeError};
 use super::tenants::Caller;
 use crate::progress::METRICS_CONTENT_TYPE;
 
+/// The dashboard, embedded: it holds no data (it reads the API with the token it is given), so
+/// it is served to anyone.
+const DASHBOARD_HTML: &str = include_str!("dashboard/index.html");
+const DASHBOARD_JS: &str = include_str!("dashboard/dashboard.js");
+const DASHBOARD_CSS: &str = include_str!("dashboard/dashboard.css");
+
 /// Progress records one `progress` request returns at most.
 const PROGRESS_LIMIT: usize = 1000;
 
@@ -40,6 +46,18 @@ pub fn router(host: Arc<Host>) -> Router {
         .route("/v1/queries/{name}/stop", post(stop_query))
         .route("/v1/queries/{name}/start", post(start_query))
         .route("/metrics", get(metrics))
+        .route(
+            "/",
+            get(|| asset("text/html; charset=utf-8", DASHBOARD_HTML)),
+        )
+        .route(
+            "/dashboard.js",
+            get(|| asset("text/javascript; charset=utf-8", DASHBOARD_JS)),
+        )
+        .route(
+            "/dashboard.css",
+            get(|| asset("text/css; charset=utf-8", DASHBOARD_CSS)),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .with_state(host)
 }
@@ -157,6 +175,17 @@ async fn blocking<T: serde::Serialize + Send + 'static>(
 fn utf8(body: &Bytes) -> Result<String, ApiError> {
     String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "the pipeline is not UTF-8 text"))
+}
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn tenant_info(State(host): State<Arc<Host>>, headers: HeaderMap) -> Answer {
