@@ -37,5 +37,10 @@ fn main() {
             "weir_plugin_count_char",
             "WEIR_PLUGIN_COUNT_CHAR",
         ),
+        (
+            "weir-plugin-query-log",
+            "weir_plugin_query_log",
+            "WEIR_PLUGIN_QUERY_LOG",
+        ),
     ]);
 }

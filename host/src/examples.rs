@@ -18,6 +18,8 @@ pub const RUNNING_TOTAL_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_RUNNING_T
 pub const MERGE_SINK_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_MERGE_SINK"));
 /// `plugins/count_char`: the scalar function `count_char(s, c)` for SQL (Nexmark q14).
 pub const COUNT_CHAR_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_COUNT_CHAR"));
+/// `plugins/query_log`: the guide's example query listener (world `listener`).
+pub const QUERY_LOG_WASM: &[u8] = include_bytes!(env!("WEIR_PLUGIN_QUERY_LOG"));
 
 /// Every example plugin by file name.
 pub const PLUGINS: &[(&str, &[u8])] = &[
@@ -27,6 +29,7 @@ pub const PLUGINS: &[(&str, &[u8])] = &[
     ("running_total.wasm", RUNNING_TOTAL_WASM),
     ("merge_sink.wasm", MERGE_SINK_WASM),
     ("count_char.wasm", COUNT_CHAR_WASM),
+    ("query_log.wasm", QUERY_LOG_WASM),
 ];
 
 /// Writes the example plugins into `dir`.

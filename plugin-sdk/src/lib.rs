@@ -70,6 +70,7 @@ pub mod delta_merge;
 pub mod error;
 pub mod function;
 pub mod host;
+pub mod listener;
 pub mod output;
 pub mod schema;
 #[cfg(any(not(target_arch = "wasm32"), feature = "stateful-transform"))]
@@ -79,7 +80,12 @@ pub mod text;
 
 #[cfg(all(
     target_arch = "wasm32",
-    any(feature = "transform", feature = "sink", feature = "scalar-function")
+    any(
+        feature = "transform",
+        feature = "sink",
+        feature = "scalar-function",
+        feature = "listener"
+    )
 ))]
 mod guest;
 
@@ -89,6 +95,7 @@ pub use column::{Column, Values};
 pub use error::{ErrorKind, PluginError};
 pub use function::{ScalarFunctions, Signature};
 pub use host::{Level, log, log_debug, log_error, log_info, log_trace, log_warn, random_u64};
+pub use listener::{Listener, Progress};
 pub use output::{Edit, Output, Selection};
 pub use schema::{DataType, Field, Schema};
 
@@ -157,6 +164,8 @@ pub trait Sink: Sized + 'static {
 /// Glue for the macros; not part of the API.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(all(target_arch = "wasm32", feature = "listener"))]
+    pub use crate::guest::listener;
     #[cfg(all(target_arch = "wasm32", feature = "scalar-function"))]
     pub use crate::guest::scalar;
     #[cfg(all(target_arch = "wasm32", feature = "sink"))]
@@ -170,6 +179,8 @@ pub mod __private {
     pub const fn assert_sink<T: crate::Sink>() {}
     /// Compile-time check behind the macros: names the missing trait in the error.
     pub const fn assert_scalar_functions<T: crate::ScalarFunctions>() {}
+    /// Compile-time check behind the macros: names the missing trait in the error.
+    pub const fn assert_listener<T: crate::Listener>() {}
 }
 
 /// Makes `$ty` (an implementation of [`Transform`]) the plugin's transform.
@@ -363,5 +374,89 @@ macro_rules! export_scalar_function {
         ::core::compile_error!(
             "export_scalar_function! needs the `scalar-function` feature: weir-plugin-sdk = { ..., features = [\"scalar-function\"] }"
         );
+    };
+}
+
+/// Makes `$ty` (an implementation of [`Listener`]) the plugin's query listener.
+///
+/// In a `wasm32` build with the SDK's `listener` feature this exports the `listener` world;
+/// natively it only checks that `$ty` implements [`Listener`].
+#[cfg(not(target_arch = "wasm32"))]
+#[macro_export]
+macro_rules! export_listener {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_listener::<$ty>();
+    };
+}
+
+/// Makes `$ty` (an implementation of [`Listener`]) the plugin's query listener.
+#[cfg(all(target_arch = "wasm32", feature = "listener"))]
+#[macro_export]
+macro_rules! export_listener {
+    ($ty:ty) => {
+        const _: () = $crate::__private::assert_listener::<$ty>();
+        const _: () = {
+            struct WeirListenerExport;
+
+            ::std::thread_local! {
+                static WEIR_INSTANCE: ::core::cell::RefCell<::core::option::Option<$ty>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+
+            impl $crate::__private::listener::Guest for WeirListenerExport {
+                fn open(config: ::std::string::String) -> $crate::__private::listener::EventResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::listener::open::<$ty>(instance, config)
+                    })
+                }
+
+                fn query_started(
+                    id: ::std::string::String,
+                    run_id: ::std::string::String,
+                    name: ::std::string::String,
+                ) -> $crate::__private::listener::EventResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::listener::started::<$ty>(instance, &id, &run_id, &name)
+                    })
+                }
+
+                fn query_progress(
+                    progress: ::std::string::String,
+                ) -> $crate::__private::listener::EventResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::listener::progress::<$ty>(instance, &progress)
+                    })
+                }
+
+                fn query_idle(
+                    id: ::std::string::String,
+                    run_id: ::std::string::String,
+                    timestamp: ::std::string::String,
+                ) -> $crate::__private::listener::EventResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::listener::idle::<$ty>(instance, &id, &run_id, &timestamp)
+                    })
+                }
+
+                fn query_terminated(
+                    id: ::std::string::String,
+                    run_id: ::std::string::String,
+                    error: ::core::option::Option<::std::string::String>,
+                ) -> $crate::__private::listener::EventResult {
+                    WEIR_INSTANCE.with_borrow_mut(|instance| {
+                        $crate::__private::listener::terminated::<$ty>(
+                            instance,
+                            &id,
+                            &run_id,
+                            error.as_deref(),
+                        )
+                    })
+                }
+            }
+
+            $crate::__private::listener::bindings::export_world!(
+                WeirListenerExport with_types_in $crate::__private::listener::bindings
+            );
+        };
     };
 }

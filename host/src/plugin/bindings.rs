@@ -68,3 +68,16 @@ pub(crate) mod scalar_function {
         imports: { default: trappable },
     });
 }
+
+/// The `listener` world: a query's events (Spark's `StreamingQueryListener`).
+pub(crate) mod listener {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "listener",
+        with: {
+            "weir:plugin/types": super::transform::weir::plugin::types,
+            "weir:plugin/host": super::transform::weir::plugin::host,
+        },
+        imports: { default: trappable },
+    });
+}

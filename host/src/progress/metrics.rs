@@ -368,6 +368,7 @@ mod tests {
                 timeout_ms: 1000,
                 fuel_limit: None,
             }],
+            listeners: Vec::new(),
             timestamp_ms: 10_000,
             watermark_ms: Some(4_000),
         }

@@ -32,6 +32,9 @@ pub struct QueryProgress {
     pub sink: SinkProgress,
     /// Weir's addition: what each plugin used in this batch.
     pub plugins: Vec<PluginProgress>,
+    /// Weir's addition: what each `[[listener]]` heard so far.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<ListenerProgress>,
     /// `timestamp` and `eventTime.watermark` in ms since the epoch, for the metrics (not in the
     /// record: Spark's has only the strings).
     #[serde(skip)]
@@ -59,6 +62,19 @@ pub struct SinkProgress {
     pub description: String,
     pub num_output_rows: u64,
     pub metrics: BTreeMap<&'static str, String>,
+}
+
+/// What a listener heard so far, in the progress record.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerProgress {
+    pub name: String,
+    /// Events it took.
+    pub events: u64,
+    /// Events it failed on (an error, a trap, a limit, a refused or failed request).
+    pub failures: u64,
+    /// Events it never heard: the listeners were too far behind (the queue is shared).
+    pub dropped: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -22,6 +22,7 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 mod fingerprint;
+mod listeners;
 mod plan;
 mod plugins;
 mod recovery;
@@ -29,6 +30,7 @@ mod reload;
 mod sinks;
 mod stage;
 
+pub use listeners::{WebhookTarget, webhook_target};
 pub use reload::ReloadOutcome;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
@@ -40,7 +42,9 @@ use crate::operator::stateful::{
 };
 use crate::operator::wasm_state::{KeyedState, KeyedStateConfig};
 use crate::operator::{BatchTransform, TransformError};
-use crate::plugin::{BatchInfo, PluginEngine, PluginError, PluginUsage, ReplayKey, SharedFunction};
+use crate::plugin::{
+    BatchInfo, PluginEngine, PluginError, PluginUsage, QueryEvent, ReplayKey, SharedFunction,
+};
 use crate::progress::{self, PluginProgress, QueryProgress, SinkProgress, SourceProgress};
 use crate::sink::{MemorySink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
@@ -54,6 +58,8 @@ use stage::{QuerySink, StatefulStage, Transform};
 
 /// How long the continuous trigger waits before looking for new files again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long an ending query waits for its listeners to hear the last events.
+const LISTENERS_GRACE: Duration = Duration::from_secs(5);
 /// Offsets and commits kept for inspection (Spark's `minBatchesToRetain`).
 const BATCHES_TO_RETAIN: u64 = 100;
 
@@ -309,6 +315,10 @@ pub struct Query {
     /// Time spent asking the sources for new input since the last batch
     /// (Spark's `durationMs.latestOffset`).
     poll_time: Duration,
+    /// The `[[listener]]`s, on their own thread.
+    listeners: listeners::Listeners,
+    /// Whether the last trigger found no data (the listeners heard `queryIdle` once for it).
+    idle: bool,
     summary: RunSummary,
 }
 
@@ -470,6 +480,7 @@ impl Query {
             },
         )?;
         watched.extend(sink_watched);
+        let listeners = plugins::listeners(&pipeline, &plugins_ctx)?;
         let started_ms = options.clock.now_ms();
         if let Some(n) = pending {
             tracing::info!(
@@ -521,6 +532,8 @@ impl Query {
             engine,
             watched,
             last_trigger: None,
+            listeners,
+            idle: false,
             summary: RunSummary::default(),
         })
     }
@@ -615,6 +628,23 @@ impl Query {
     /// The first batch that fails for good; it is left uncommitted, so the
     /// next start runs it again.
     pub fn run(&mut self) -> Result<RunSummary, QueryError> {
+        let (id, run_id) = (self.checkpoint.query_id().to_owned(), self.run_id.clone());
+        self.listeners.send(QueryEvent::Started {
+            id: id.clone(),
+            run_id: run_id.clone(),
+            name: self.pipeline.query.name.clone(),
+        });
+        let result = self.run_batches();
+        self.listeners.send(QueryEvent::Terminated {
+            id,
+            run_id,
+            error: result.as_ref().err().map(ToString::to_string),
+        });
+        self.listeners.finish(LISTENERS_GRACE);
+        result
+    }
+
+    fn run_batches(&mut self) -> Result<RunSummary, QueryError> {
         if let Some(n) = self.pending.take() {
             self.run_planned(n, true, 0, Instant::now())?;
         }
@@ -667,7 +697,16 @@ impl Query {
         self.reload_if_asked();
         if self.poll(false)? > 0 || self.wants_no_data_batch() {
             self.plan_and_run()?;
+            self.idle = false;
             return Ok(true);
+        }
+        if !self.idle && self.summary.batches > 0 {
+            self.idle = true;
+            self.listeners.send(QueryEvent::Idle {
+                id: self.checkpoint.query_id().to_owned(),
+                run_id: self.run_id.clone(),
+                timestamp: progress::rfc3339_ms(self.options.clock.now_ms()),
+            });
         }
         Ok(false)
     }
@@ -935,6 +974,10 @@ impl Query {
         if let Some(hook) = &self.options.on_progress {
             hook(&record);
         }
+        self.listeners.send(QueryEvent::Progress {
+            batch_id: n,
+            json: json.to_string(),
+        });
         self.summary.batches += 1;
         self.summary.input_rows += outcome.input_rows;
         self.summary.output_rows += outcome.output_rows;
@@ -988,6 +1031,7 @@ impl Query {
             timestamp: progress::rfc3339_ms(entry.batch_timestamp_ms),
             timestamp_ms: entry.batch_timestamp_ms,
             watermark_ms: self.has_watermark().then_some(entry.batch_watermark_ms),
+            listeners: self.listeners.progress(),
             batch_id: n,
             batch_duration: total_ms,
             num_input_rows: outcome.input_rows,

@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use super::QueryError;
 use super::QueryOptions;
+use super::listeners::{Hearer, Listeners, webhook_target};
 use crate::failpoint::Failpoint;
 use crate::plugin::{
     EngineOptions, FunctionSignature, PluginEngine, PluginError, PluginOptions, PoolOptions,
-    ReplayKey, Sandbox, SharedFunction, WasmFunction, env_from_host,
+    ReplayKey, Sandbox, SharedFunction, WasmFunction, WasmListener, env_from_host,
 };
 use crate::spec::{self, Pipeline, SinkSpec, TransformSpec};
 use crate::sql::{PluginCall, PluginFunction};
@@ -59,6 +60,10 @@ pub(super) fn engine(
             .iter()
             .filter_map(TransformSpec::wasm)
             .chain(pipeline.functions.iter().map(|f| &f.plugin))
+            .chain(pipeline.listeners.iter().filter_map(|l| match &l.kind {
+                spec::ListenerKind::Plugin(p) => Some(p),
+                spec::ListenerKind::Webhook { .. } => None,
+            }))
     };
     let fuel = wasm().any(|t| t.limits.fuel.is_some())
         || matches!(&pipeline.sink, SinkSpec::Plugin(p) if p.limits.fuel.is_some());
@@ -119,4 +124,45 @@ pub(super) fn functions(
         function_plugins.push(shared);
     }
     Ok((functions, function_plugins))
+}
+
+/// The `[[listener]]`s of `pipeline`, opened (a plugin that does not load or refuses its config
+/// fails the start, as any plugin's) and handed to their own thread.
+///
+/// # Errors
+/// When a listener plugin does not load, is not its pinned build, or refuses its config.
+pub(super) fn listeners(
+    pipeline: &Pipeline,
+    ctx: &PluginContext<'_>,
+) -> Result<Listeners, QueryError> {
+    let mut hearers = Vec::with_capacity(pipeline.listeners.len());
+    for l in &pipeline.listeners {
+        let hearer = match &l.kind {
+            spec::ListenerKind::Plugin(p) => {
+                let loaded = ctx.engine.load(&l.name, &p.plugin)?;
+                loaded.check_pin(p.sha256.as_deref())?;
+                let listener = WasmListener::open(
+                    ctx.engine,
+                    loaded,
+                    PluginOptions {
+                        name: l.name.clone(),
+                        config_json: p.config.to_string(),
+                        sandbox: ctx.sandbox(&l.name, &p.limits, &p.capabilities)?,
+                        failpoint: None,
+                        replay_key: ctx.replay_key.clone(),
+                    },
+                )?;
+                Hearer::Plugin(Box::new(listener))
+            }
+            spec::ListenerKind::Webhook { url } => Hearer::Webhook {
+                target: webhook_target(url).map_err(|message| QueryError::Invalid {
+                    query: pipeline.query.name.clone(),
+                    message: format!("listener {}: {message}", l.name),
+                })?,
+                private_networks: ctx.private_networks,
+            },
+        };
+        hearers.push((l.name.clone(), hearer));
+    }
+    Ok(Listeners::start(&pipeline.query.name, hearers))
 }

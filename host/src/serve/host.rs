@@ -206,6 +206,7 @@ impl Host {
                 max_timeout: Some(tenant.max_timeout),
                 max_fuel: tenant.max_fuel,
                 private_networks: false,
+                webhooks: tenant.webhooks,
             };
             spaces.insert(
                 tenant.name.clone(),
@@ -871,7 +872,7 @@ fn uploaded_plugins(table: &mut toml::Table, names: &mut Vec<String>) {
             *p = format!("{PLUGINS}/{p}.wasm");
         }
     };
-    for key in ["transform", "function"] {
+    for key in ["transform", "function", "listener"] {
         if let Some(toml::Value::Array(items)) = table.get_mut(key) {
             for item in items {
                 if let toml::Value::Table(t) = item {
@@ -898,12 +899,17 @@ fn plugin_memory(pipeline: &Pipeline) -> u64 {
         .functions
         .iter()
         .map(|f| f.plugin.limits.memory_bytes);
+    let listeners = pipeline.listeners.iter().filter_map(|l| match &l.kind {
+        spec::ListenerKind::Plugin(p) => Some(p.limits.memory_bytes),
+        spec::ListenerKind::Webhook { .. } => None,
+    });
     let sink = match &pipeline.sink {
         SinkSpec::Plugin(p) => Some(p.limits.memory_bytes),
         _ => None,
     };
     transforms
         .chain(functions)
+        .chain(listeners)
         .chain(sink)
         .fold(0u64, u64::saturating_add)
 }

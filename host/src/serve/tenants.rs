@@ -31,6 +31,8 @@ pub struct Tenant {
     pub max_timeout: Duration,
     /// The most `limits.fuel` a plugin of its may ask for; when set, its plugins must be metered.
     pub max_fuel: Option<u64>,
+    /// Whether its pipelines may have webhook listeners (`[[listener]] url`).
+    pub webhooks: bool,
 }
 
 /// Who else may read: the operator's token sees every tenant's metrics.
@@ -74,6 +76,8 @@ struct RawTenant {
     memory: Option<ByteSize>,
     max_timeout: Option<HumanDuration>,
     max_fuel: Option<u64>,
+    #[serde(default)]
+    webhooks: bool,
 }
 
 /// Whether `name` may name a tenant, a query or a plugin: it becomes a folder or file name and
@@ -179,6 +183,7 @@ pub fn parse_tenants(text: &str, origin: &str) -> Result<Tenants, SpecErrors> {
             memory_bytes,
             max_timeout,
             max_fuel: t.max_fuel,
+            webhooks: t.webhooks,
         });
     }
     let operator = match raw.operator {
@@ -237,6 +242,7 @@ impl Tenant {
             "memory": format_byte_size(self.memory_bytes),
             "max_timeout": crate::spec::format_duration(self.max_timeout),
             "max_fuel": self.max_fuel,
+            "webhooks": self.webhooks,
         })
     }
 }

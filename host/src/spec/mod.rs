@@ -73,6 +73,8 @@ pub struct Pipeline {
     pub transforms: Vec<TransformSpec>,
     /// The `[[function]]` tables: plugins' scalar functions the SQL may call.
     pub functions: Vec<FunctionSpec>,
+    /// The `[[listener]]` tables: who hears of the query's start, batches, idleness and end.
+    pub listeners: Vec<ListenerSpec>,
     /// The `[[table]]` tables: static inputs of a join.
     pub tables: Vec<TableSpec>,
     /// The `[join]` table.
@@ -370,6 +372,23 @@ pub enum TableKind {
         /// `path` (resolved).
         path: PathBuf,
     },
+}
+
+/// One `[[listener]]`: Spark's `StreamingQueryListener`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerSpec {
+    /// `name`: in logs, progress and errors.
+    pub name: String,
+    pub kind: ListenerKind,
+}
+
+/// What a listener is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ListenerKind {
+    /// `plugin`: a component of world `listener`, sandboxed like any plugin.
+    Plugin(WasmTransformSpec),
+    /// `url`: each event POSTed as JSON (`http://` or `https://`).
+    Webhook { url: String },
 }
 
 /// `[join]`: the left input joined with the right one.

@@ -20,7 +20,8 @@ use serde::Deserialize;
 use super::duration::{HumanDuration, format_duration};
 use super::size::{ByteSize, format_byte_size};
 use super::{
-    Capabilities, Pipeline, PluginLimits, Problem, SinkSpec, SourceKind, SpecErrors, TableKind,
+    Capabilities, ListenerKind, Pipeline, PluginLimits, Problem, SinkSpec, SourceKind, SpecErrors,
+    TableKind,
 };
 
 /// A validated policy file.
@@ -41,6 +42,8 @@ pub struct Policy {
     /// Whether plugins may reach loopback, private and link-local addresses (only ever by a
     /// grant of the address itself, see `plugin::http_connect`).
     pub private_networks: bool,
+    /// Whether `[[listener]] url` (a webhook) is allowed.
+    pub webhooks: bool,
 }
 
 impl Policy {
@@ -49,6 +52,7 @@ impl Policy {
     pub fn permissive() -> Self {
         Self {
             private_networks: true,
+            webhooks: true,
             ..Self::default()
         }
     }
@@ -77,6 +81,8 @@ struct RawGrants {
     env: Option<Vec<String>>,
     #[serde(default)]
     private_networks: bool,
+    #[serde(default)]
+    webhooks: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -165,6 +171,7 @@ pub fn parse_policy(text: &str, base: &Path, origin: &str) -> Result<Policy, Spe
         }
         policy.env = grants.env;
         policy.private_networks = grants.private_networks;
+        policy.webhooks = grants.webhooks;
     }
     if let Some(limits) = raw.limits {
         policy.max_memory = limits.memory.map(|m| m.0);
@@ -233,6 +240,27 @@ pub fn confinement_problems(pipeline: &Pipeline, confinement: Confinement<'_>) -
         c.path(&format!("{at}.plugin"), &f.plugin.plugin);
         c.limits(&at, &f.plugin.limits);
         c.capabilities(&at, &f.plugin.capabilities);
+    }
+    for l in &pipeline.listeners {
+        let at = format!("listener.{}", l.name);
+        match &l.kind {
+            ListenerKind::Plugin(p) => {
+                c.path(&format!("{at}.plugin"), &p.plugin);
+                c.limits(&at, &p.limits);
+                c.capabilities(&at, &p.capabilities);
+            }
+            ListenerKind::Webhook { .. } => {
+                if let Some(policy) = c.policy
+                    && !policy.webhooks
+                {
+                    let by = c.by_policy();
+                    c.push(
+                        format!("{at}.url"),
+                        format!("{by} allows no webhooks (grants.webhooks)"),
+                    );
+                }
+            }
+        }
     }
     match &pipeline.sink {
         SinkSpec::Files { path, .. } => c.path("sink.path", path),

@@ -45,6 +45,7 @@ pub(super) struct RawPipeline {
     pub source: Option<Vec<RawSource>>,
     pub transform: Option<Vec<RawTransform>>,
     pub function: Option<Vec<RawFunction>>,
+    pub listener: Option<Vec<RawListener>>,
     pub table: Option<Vec<RawTable>>,
     pub join: Option<RawJoin>,
     pub watermark: Option<RawWatermark>,
@@ -61,6 +62,7 @@ struct RawTop {
     source: Option<Vec<Table>>,
     transform: Option<Vec<RawTransform>>,
     function: Option<Vec<RawFunction>>,
+    listener: Option<Vec<RawListener>>,
     table: Option<Vec<RawTable>>,
     join: Option<RawJoin>,
     watermark: Option<RawWatermark>,
@@ -240,6 +242,19 @@ pub(super) struct RawFunction {
     pub plugin: Option<String>,
     pub arguments: Option<Vec<String>>,
     pub returns: Option<String>,
+    pub config: Option<Table>,
+    pub limits: Option<RawLimits>,
+    pub sha256: Option<String>,
+    pub capabilities: Option<RawCapabilities>,
+}
+
+/// One `[[listener]]`: a plugin of world `listener`, or a webhook URL.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub name: Option<String>,
+    pub plugin: Option<String>,
+    pub url: Option<String>,
     pub config: Option<Table>,
     pub limits: Option<RawLimits>,
     pub sha256: Option<String>,
@@ -475,6 +490,7 @@ pub(super) fn read(table: Table, collector: &mut Collector) -> Option<RawPipelin
             source: sources,
             transform: top.transform,
             function: top.function,
+            listener: top.listener,
             table: top.table,
             join: top.join,
             watermark: top.watermark,

@@ -145,6 +145,7 @@ fn example_round_trips_to_the_expected_pipeline() {
             }),
         }],
         functions: vec![],
+        listeners: vec![],
         tables: vec![],
         join: None,
         watermark: None,

@@ -18,8 +18,9 @@ mod merge;
 use super::duration::parse_duration;
 use super::raw::{
     RawAggregate, RawCapabilities, RawCsv, RawDeduplicate, RawDeltaSink, RawDeltaSource,
-    RawFilesSource, RawFunction, RawJoin, RawLimits, RawPipeline, RawPluginSink, RawQuery, RawSink,
-    RawSource, RawTable, RawTransform, RawWatermark, SINK_KINDS, SOURCE_KINDS, source_label,
+    RawFilesSource, RawFunction, RawJoin, RawLimits, RawListener, RawPipeline, RawPluginSink,
+    RawQuery, RawSink, RawSource, RawTable, RawTransform, RawWatermark, SINK_KINDS, SOURCE_KINDS,
+    source_label,
 };
 use super::size::{format_byte_size, parse_byte_size};
 use super::{
@@ -29,9 +30,10 @@ use super::{
 use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DEFAULT_TABLE_MAX_BYTES,
     DeltaSinkSpec, DeltaSourceSpec, DirGrant, FilesSourceSpec, FunctionSpec, HttpGrant,
-    InputFormat, JoinSpec, JoinType, MalformedPolicy, MergeTableSpec, OutputFormat, OutputMode,
-    Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec, SourceKind, SourceSpec,
-    TableKind, TableSpec, TransformKind, TransformSpec, Trigger, WasmTransformSpec,
+    InputFormat, JoinSpec, JoinType, ListenerKind, ListenerSpec, MalformedPolicy, MergeTableSpec,
+    OutputFormat, OutputMode, Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec,
+    SourceKind, SourceSpec, TableKind, TableSpec, TransformKind, TransformSpec, Trigger,
+    WasmTransformSpec,
 };
 
 /// The largest linear memory a 32-bit Wasm instance can have.
@@ -176,6 +178,7 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
     });
     let sources = sources(raw_sources, !stream_join, base, c);
     let functions = functions(raw.function.unwrap_or_default(), base, c);
+    let listeners = listeners(raw.listener.unwrap_or_default(), base, c);
     let tables = tables(raw.table.unwrap_or_default(), sources.as_deref(), base, c);
     let join = raw.join.map(|j| join(j, sources.as_deref(), &tables, c));
     if !matches!(join, Some(None)) {
@@ -281,6 +284,7 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         sources: sources?,
         transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
         functions: functions.into_iter().collect::<Option<Vec<_>>>()?,
+        listeners: listeners.into_iter().collect::<Option<Vec<_>>>()?,
         tables: tables.into_iter().collect::<Option<Vec<_>>>()?,
         join: present(join).ok()?,
         watermark: present(watermark).ok()?,
@@ -1693,6 +1697,84 @@ fn functions(raw: Vec<RawFunction>, base: &Path, c: &mut Collector) -> Vec<Optio
             Some(spec)
         })
         .collect()
+}
+
+fn listeners(raw: Vec<RawListener>, base: &Path, c: &mut Collector) -> Vec<Option<ListenerSpec>> {
+    let mut seen: Vec<String> = Vec::new();
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let spec = listener(i, l, base, c)?;
+            if seen.contains(&spec.name) {
+                c.push(
+                    &format!("listener[{i}].name"),
+                    format!("{:?} is named twice", spec.name),
+                );
+                return None;
+            }
+            seen.push(spec.name.clone());
+            Some(spec)
+        })
+        .collect()
+}
+
+/// One `[[listener]]`: a plugin (with the keys of any plugin) or a webhook `url`.
+fn listener(index: usize, l: RawListener, base: &Path, c: &mut Collector) -> Option<ListenerSpec> {
+    let label = format!("listener[{index}]");
+    let key = |k: &str| format!("{label}.{k}");
+    let name = c.required(&key("name"), l.name);
+    let kind = match (l.plugin, l.url) {
+        (Some(_), Some(_)) => {
+            c.push(
+                &label,
+                "has both `plugin` and `url`: a listener is a plugin or a webhook",
+            );
+            None
+        }
+        (None, None) => {
+            c.push(
+                &label,
+                "needs `plugin` (a component of world `listener`) or `url` (a webhook)",
+            );
+            None
+        }
+        (Some(plugin), None) => transform_plugin(
+            c,
+            &label,
+            RawPluginKeys {
+                plugin: Some(plugin),
+                config: l.config,
+                limits: l.limits,
+                sha256: l.sha256,
+                capabilities: l.capabilities,
+            },
+            base,
+        )
+        .map(ListenerKind::Plugin),
+        (None, Some(url)) => {
+            for (k, present) in [
+                ("config", l.config.is_some()),
+                ("limits", l.limits.is_some()),
+                ("sha256", l.sha256.is_some()),
+                ("capabilities", l.capabilities.is_some()),
+            ] {
+                if present {
+                    c.push(&key(k), "is a plugin's key: a webhook takes only `url`");
+                }
+            }
+            match crate::query::webhook_target(&url) {
+                Ok(_) => Some(ListenerKind::Webhook { url }),
+                Err(e) => {
+                    c.push(&key("url"), e);
+                    None
+                }
+            }
+        }
+    };
+    Some(ListenerSpec {
+        name: name?,
+        kind: kind?,
+    })
 }
 
 /// One `[[function]]`.
