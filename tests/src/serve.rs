@@ -87,6 +87,28 @@ impl Server {
         Ok((reply.status, json))
     }
 
+    /// Polls query `name` until `done` holds of its status (failed or not), for up to a minute.
+    pub fn wait_for_status(
+        &self,
+        name: &str,
+        token: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, q) = self.json("GET", &format!("/v1/queries/{name}"), token, b"")?;
+            ensure!(status == 200, "GET query {name}: {status} {q}");
+            if done(&q) {
+                return Ok(q);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "query {name} never got there: {q}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Polls query `name` until `done` holds of its status, for up to a minute.
     pub fn wait_for(
         &self,

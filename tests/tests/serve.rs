@@ -373,3 +373,51 @@ fn weir_run_serves_its_metrics() -> Result<()> {
     let _ = child.wait();
     result
 }
+
+#[test]
+fn a_failing_query_backs_off_and_starts_again_by_itself() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    let tenants = tenants_file(dir.path(), "")?;
+    write_orders(&home.join("acme/data/orders"), 2)?;
+    let server = start(&home, &tenants)?;
+    let (status, _) = server.json("PUT", "/v1/plugins/hostile", ACME, weir_tests::HOSTILE_WASM)?;
+    ensure!(status == 200);
+    let failing = r#"[[transform]]
+name = "refuse"
+plugin = "hostile"
+config = { mode = "error" }"#;
+    let text = pipeline("bad", failing, "");
+    let (status, reply) = server.json("PUT", "/v1/queries/bad", ACME, text.as_bytes())?;
+    ensure!(status == 201, "create: {status} {reply}");
+    let q = server.wait_for_status("bad", ACME, |q| q["failures_in_a_row"].as_u64() >= Some(1))?;
+    ensure!(
+        q["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refusing this batch"),
+        "{q}"
+    );
+    // Starting it again at once is refused while it backs off...
+    let (status, reply) = server.json("POST", "/v1/queries/bad/start", ACME, b"")?;
+    ensure!(
+        status == 429 && reply["retry_after_seconds"].as_u64() >= Some(1),
+        "{status} {reply}"
+    );
+    // ...and the host starts it again by itself, later and later.
+    let q = server.wait_for_status("bad", ACME, |q| q["failures_in_a_row"].as_u64() >= Some(2))?;
+    ensure!(q["status"] == "failed" || q["status"] == "running", "{q}");
+    // A stopped query stays stopped.
+    let (status, reply) = server.json("POST", "/v1/queries/bad/stop", ACME, b"")?;
+    ensure!(
+        status == 200 && reply["status"] != "running",
+        "{status} {reply}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, q) = server.json("GET", "/v1/queries/bad", ACME, b"")?;
+    ensure!(
+        q["failures_in_a_row"].as_u64() <= Some(3) && q["status"] != "running",
+        "{q}"
+    );
+    Ok(())
+}

@@ -115,6 +115,13 @@ impl From<ServeError> for ApiError {
                 body: serde_json::json!({"error": message, "quota": quota}),
             },
             ServeError::Conflict { .. } => Self::new(StatusCode::CONFLICT, message),
+            ServeError::Backoff { retry_after, .. } => Self {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                body: serde_json::json!({
+                    "error": message,
+                    "retry_after_seconds": retry_after.as_secs().max(1),
+                }),
+            },
             ServeError::Refused { reasons, .. } => Self {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 body: serde_json::json!({"error": message, "refused": reasons}),

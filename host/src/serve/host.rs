@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,6 +34,12 @@ const RECENT: usize = 256;
 const RELOAD_WAIT: Duration = Duration::from_secs(30);
 /// How long a stop waits for the current batch to end before answering.
 const STOP_WAIT: Duration = Duration::from_secs(60);
+/// The first wait before a failed query starts again; it doubles with each failure in a row.
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait before a failed query starts again.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// How often the supervisor looks for failed queries to start again.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(200);
 /// The folder of uploaded plugins inside a tenant's folder.
 pub const PLUGINS: &str = "plugins";
 /// What `--home` keeps for the server itself.
@@ -55,6 +61,12 @@ pub enum ServeError {
     },
     #[error("{message}")]
     Conflict { message: String },
+    #[error("query {query} failed {failures} time(s) in a row: it starts again by itself in {}s (or after a PUT of a new pipeline)", retry_after.as_secs().max(1))]
+    Backoff {
+        query: String,
+        failures: u32,
+        retry_after: Duration,
+    },
     #[error("plugin {plugin}: the new build was refused by every query that uses it, the previous build keeps running: {}", reasons.join("; "))]
     Refused {
         plugin: String,
@@ -136,6 +148,16 @@ struct Space {
     queries: Mutex<BTreeMap<String, Arc<Hosted>>>,
     /// One plugin upload at a time per tenant.
     uploads: Mutex<()>,
+    /// Failures in a row of each query that is failing, and when it may start again.
+    backoff: Arc<Mutex<BTreeMap<String, Backoff>>>,
+}
+
+/// Why a failing query is not started again at once: a plugin that spins until its deadline or
+/// grows to its memory limit in every batch would otherwise cost its limits again and again.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    failures: u32,
+    retry_at: Instant,
 }
 
 /// One query of a tenant.
@@ -154,6 +176,8 @@ pub struct Hosted {
     recent: Mutex<VecDeque<serde_json::Value>>,
     reloads: Mutex<Reloads>,
     reloaded: Condvar,
+    /// Its failures in a row (0 once a batch commits).
+    failures: AtomicU32,
 }
 
 #[derive(Debug)]
@@ -217,6 +241,7 @@ impl Host {
                     policy: Arc::new(policy),
                     queries: Mutex::default(),
                     uploads: Mutex::default(),
+                    backoff: Arc::default(),
                 }),
             );
         }
@@ -230,6 +255,17 @@ impl Host {
         for space in host.spaces.values() {
             host.resume(space)?;
         }
+        let weak = Arc::downgrade(&host);
+        std::thread::Builder::new()
+            .name("weir-supervisor".into())
+            .spawn(move || {
+                while let Some(host) = weak.upgrade() {
+                    host.restart_failed();
+                    drop(host);
+                    std::thread::sleep(SUPERVISE_EVERY);
+                }
+            })
+            .map_err(io("start the supervisor thread", &options.home))?;
         Ok(host)
     }
 
@@ -279,6 +315,7 @@ impl Host {
                         recent: Mutex::default(),
                         reloads: Mutex::default(),
                         reloaded: Condvar::new(),
+                        failures: AtomicU32::new(0),
                     });
                     tracing::warn!(tenant = %space.tenant.name, query = %name, "not resumed: {e}");
                     hosted
@@ -397,6 +434,7 @@ impl Host {
         let file = space.saved.join(format!("{name}.toml"));
         write_atomic(&file, text.as_bytes())?;
         remove_if_there(&space.saved.join(format!("{name}.stopped")))?;
+        lock(&space.backoff).remove(name);
         let hosted = Hosted::new(&space.tenant.name, name, text.to_owned(), &prepared);
         self.spawn(space, &hosted, prepared.pipeline);
         queries.insert(name.to_owned(), Arc::clone(&hosted));
@@ -409,7 +447,11 @@ impl Host {
         let reload = Arc::new(AtomicBool::new(false));
         let on_progress = {
             let (hosted, metrics) = (Arc::clone(hosted), Arc::clone(&self.metrics));
+            let backoff = Arc::clone(&space.backoff);
             Arc::new(move |p: &QueryProgress| {
+                // A batch that commits ends a run of failures.
+                lock(&backoff).remove(&hosted.name);
+                hosted.failures.store(0, Ordering::Relaxed);
                 metrics.observe(&hosted.tenant, &hosted.name, p);
                 if let Ok(json) = serde_json::to_value(p) {
                     let mut recent = lock(&hosted.recent);
@@ -449,6 +491,7 @@ impl Host {
             thread: None,
         };
         let thread_hosted = Arc::clone(hosted);
+        let thread_backoff = Arc::clone(&space.backoff);
         let spawned = std::thread::Builder::new()
             .name(format!("{}/{}", hosted.tenant, hosted.name))
             .spawn(move || {
@@ -479,7 +522,20 @@ impl Host {
                 };
                 match &status {
                     Status::Failed(e) => {
-                        tracing::warn!(tenant = %hosted.tenant, query = %hosted.name, "query failed: {e}");
+                        let mut backoff = lock(&thread_backoff);
+                        let failures = backoff.get(&hosted.name).map_or(0, |b| b.failures) + 1;
+                        let wait = BACKOFF_FIRST
+                            .saturating_mul(1 << (failures - 1).min(16))
+                            .min(BACKOFF_MAX);
+                        backoff.insert(
+                            hosted.name.clone(),
+                            Backoff {
+                                failures,
+                                retry_at: Instant::now() + wait,
+                            },
+                        );
+                        hosted.failures.store(failures, Ordering::Relaxed);
+                        tracing::warn!(tenant = %hosted.tenant, query = %hosted.name, "query failed ({failures} in a row, starting again in {wait:?}): {e}");
                     }
                     _ => {
                         tracing::info!(tenant = %hosted.tenant, query = %hosted.name, "query stopped");
@@ -516,6 +572,35 @@ impl Host {
             })
     }
 
+    /// Starts again every failed query whose backoff has passed, unless its tenant stopped it.
+    fn restart_failed(&self) {
+        let now = Instant::now();
+        for space in self.spaces.values() {
+            let due: Vec<String> = lock(&space.backoff)
+                .iter()
+                .filter(|(_, b)| b.retry_at <= now)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in due {
+                let failed = lock(&space.queries)
+                    .get(&name)
+                    .is_some_and(|q| matches!(q.status(), Status::Failed(_)));
+                let stopped = space.saved.join(format!("{name}.stopped")).exists();
+                if !failed || stopped {
+                    continue;
+                }
+                match self.start(&space.tenant.name, &name) {
+                    Ok(_) => {
+                        tracing::info!(tenant = %space.tenant.name, query = %name, "started again after its backoff")
+                    }
+                    Err(e) => {
+                        tracing::warn!(tenant = %space.tenant.name, query = %name, "cannot start again: {e}")
+                    }
+                }
+            }
+        }
+    }
+
     /// Stops the query after its current batch and waits (a while) for it; it stays stopped
     /// across restarts until started.
     ///
@@ -541,6 +626,15 @@ impl Host {
                 message: format!("query {name} is {}", status.word()),
             });
         }
+        if let Some(b) = lock(&space.backoff).get(name)
+            && b.retry_at > Instant::now()
+        {
+            return Err(ServeError::Backoff {
+                query: name.to_owned(),
+                failures: b.failures,
+                retry_after: b.retry_at - Instant::now(),
+            });
+        }
         // Its thread has ended (stopped or failed): join it before starting another.
         if let Some(thread) = lock(&hosted.run).thread.take() {
             let _ = thread.join();
@@ -550,6 +644,9 @@ impl Host {
         remove_if_there(&space.saved.join(format!("{name}.stopped")))?;
         let fresh = Hosted::new(&space.tenant.name, name, hosted.text.clone(), &prepared);
         *lock(&fresh.recent) = lock(&hosted.recent).clone();
+        fresh
+            .failures
+            .store(hosted.failures.load(Ordering::Relaxed), Ordering::Relaxed);
         self.spawn(space, &fresh, prepared.pipeline);
         lock(&space.queries).insert(name.to_owned(), Arc::clone(&fresh));
         Ok(fresh)
@@ -575,6 +672,7 @@ impl Host {
         remove_if_there(&space.saved.join(format!("{name}.toml")))?;
         remove_if_there(&space.saved.join(format!("{name}.stopped")))?;
         lock(&space.queries).remove(name);
+        lock(&space.backoff).remove(name);
         self.metrics.forget(tenant, name);
         Ok(())
     }
@@ -704,6 +802,7 @@ impl Hosted {
             recent: Mutex::default(),
             reloads: Mutex::default(),
             reloaded: Condvar::new(),
+            failures: AtomicU32::new(0),
         })
     }
 
@@ -783,6 +882,7 @@ impl Hosted {
             "name": self.name,
             "status": status.word(),
             "error": error,
+            "failures_in_a_row": self.failures.load(Ordering::Relaxed),
             "progress": last,
         });
         if builds {
