@@ -177,6 +177,31 @@ fn the_api_keeps_tenants_apart_and_runs_their_queries() -> Result<()> {
         pipeline("second", SQL, "").as_bytes(),
     )?;
     ensure!(status == 201, "a second query: {status} {reply}");
+    // The tenant's ceilings on a plugin's limits (max_timeout defaults to 30 s).
+    let slow = FILTER.replace(
+        "value = \"completed\" }",
+        "value = \"completed\" }\nlimits = { timeout = \"10m\" }",
+    );
+    let (status, reply) = server.json(
+        "PUT",
+        "/v1/queries/slow",
+        ACME,
+        pipeline("slow", &slow, "").as_bytes(),
+    )?;
+    ensure!(
+        status == 400,
+        "a timeout over the ceiling: {status} {reply}"
+    );
+    ensure!(
+        problem_keys(&reply)
+            .iter()
+            .any(|k| k == "transform[0].limits.timeout"),
+        "{reply}"
+    );
+    ensure!(
+        reply.to_string().contains("tenant acme"),
+        "names the tenant: {reply}"
+    );
     let (status, reply) = server.json(
         "PUT",
         "/v1/queries/third",

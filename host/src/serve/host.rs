@@ -38,6 +38,10 @@ const STOP_WAIT: Duration = Duration::from_secs(60);
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait before a failed query starts again.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// The nice value of a query's thread (see [`lower_priority`]).
+const QUERY_NICE: i32 = 2;
+/// The nice value of a query started again after failing.
+const FAILING_NICE: i32 = 15;
 /// How often the supervisor looks for failed queries to start again.
 const SUPERVISE_EVERY: Duration = Duration::from_millis(200);
 /// The folder of uploaded plugins inside a tenant's folder.
@@ -449,9 +453,12 @@ impl Host {
             let (hosted, metrics) = (Arc::clone(hosted), Arc::clone(&self.metrics));
             let backoff = Arc::clone(&space.backoff);
             Arc::new(move |p: &QueryProgress| {
-                // A batch that commits ends a run of failures.
+                // A batch that commits ends a run of failures (and of low priority, where the
+                // host may raise it again).
                 lock(&backoff).remove(&hosted.name);
-                hosted.failures.store(0, Ordering::Relaxed);
+                if hosted.failures.swap(0, Ordering::Relaxed) > 0 {
+                    restore_priority();
+                }
                 metrics.observe(&hosted.tenant, &hosted.name, p);
                 if let Ok(json) = serde_json::to_value(p) {
                     let mut recent = lock(&hosted.recent);
@@ -496,6 +503,12 @@ impl Host {
             .name(format!("{}/{}", hosted.tenant, hosted.name))
             .spawn(move || {
                 let hosted = thread_hosted;
+                let nice = if hosted.failures.load(Ordering::Relaxed) > 0 {
+                    FAILING_NICE
+                } else {
+                    QUERY_NICE
+                };
+                lower_priority(&hosted, nice);
                 let options = QueryOptions {
                     cache_dir,
                     stop: thread_stop,
@@ -947,6 +960,41 @@ impl Hosted {
             }
         }
         out.into()
+    }
+}
+
+/// Runs the calling thread (a query's batch loop) at nice value `nice`: [`QUERY_NICE`], a little
+/// below the API's threads, so that a saturated host still answers its API promptly;
+/// [`FAILING_NICE`] for a query started again after failing, so that a plugin that burns its
+/// limits every batch takes little from its neighbours (until a batch commits, where the host
+/// may raise it back, or the query is started afresh). Linux sets a thread's nice value by its
+/// thread id.
+fn lower_priority(hosted: &Hosted, nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `gettid` has no preconditions; `setpriority` only changes this thread's nice
+        // value (raising it needs no privilege).
+        let done = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+        };
+        if done != 0 {
+            tracing::warn!(tenant = %hosted.tenant, query = %hosted.name, "cannot lower the priority of a failing query: {}", std::io::Error::last_os_error());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (hosted, nice);
+}
+
+/// Gives the calling thread back the normal priority, where the host is allowed to (raising a
+/// priority needs `CAP_SYS_NICE` or a `RLIMIT_NICE`; otherwise the query keeps the low one until
+/// it is started afresh).
+fn restore_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: as in `lower_priority`; a refusal leaves the priority as it was.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, QUERY_NICE);
     }
 }
 
