@@ -12,3 +12,6 @@ source scripts/setup.sh
 weir_setup_build
 
 cargo run --locked -p weir-host --bin weir -- demo "$@"
+# The example plugins and sample data beside the pipelines of examples/ (git ignores them), so
+# that each of those pipelines runs as written.
+cargo run --locked -q -p weir-host --bin weir -- examples --dir examples

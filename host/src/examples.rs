@@ -150,3 +150,111 @@ pub fn write_orders(dir: &Path, spec: OrdersSpec) -> std::io::Result<OrdersWritt
     }
     Ok(written)
 }
+
+/// The customers dimension of `examples/orders_customers.toml`: ids 1..=`count` (the orders'
+/// `customer_id`s are 1..=50,000), one JSON line each, in `dir/customers.json`.
+///
+/// # Errors
+/// When the folder or file cannot be written.
+pub fn write_customers(dir: &Path, count: u64) -> std::io::Result<()> {
+    const COUNTRIES: [&str; 6] = ["DE", "FR", "GB", "NL", "PL", "US"];
+    const TIERS: [&str; 3] = ["bronze", "silver", "gold"];
+    std::fs::create_dir_all(dir)?;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join("customers.json"))?);
+    for id in 1..=count {
+        let h = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        writeln!(
+            out,
+            "{{\"customer_id\":{id},\"name\":\"customer-{id}\",\"country\":\"{}\",\"tier\":\"{}\"}}",
+            COUNTRIES[(h >> 32) as usize % COUNTRIES.len()],
+            TIERS[(h >> 48) as usize % TIERS.len()]
+        )?;
+    }
+    out.flush()
+}
+
+/// The clicks of `examples/clicks_orders.toml`, made from the orders in `orders` (as
+/// `benches/gen_clicks.py` makes the benchmark's): about 7 in 10 orders' sessions clicked 0 to
+/// 90 minutes before the order, some twice; one clicks file per orders file, in `dir`.
+///
+/// # Errors
+/// When the orders cannot be read or the clicks written.
+pub fn write_clicks(orders: &Path, dir: &Path, seed: u64) -> std::io::Result<u64> {
+    std::fs::create_dir_all(dir)?;
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut files: Vec<_> = std::fs::read_dir(orders)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut click_id = 0u64;
+    for (f, path) in files.iter().enumerate() {
+        let text = std::fs::read_to_string(path)?;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(
+            dir.join(format!("clicks-{f:05}.json")),
+        )?);
+        for line in text.lines() {
+            let Ok(order) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue; // a malformed order line
+            };
+            let (Some(session), Some(at)) =
+                (order["session_id"].as_str(), order["occurred_at"].as_str())
+            else {
+                continue;
+            };
+            let Ok(at_ns) = arrow_cast::parse::string_to_timestamp_nanos(at) else {
+                continue;
+            };
+            let r = next();
+            let clicks = match r % 10 {
+                0..=5 => 1,
+                6 => 2,
+                _ => 0,
+            };
+            for c in 0..clicks {
+                click_id += 1;
+                let before_ms = ((r >> (16 + 8 * c)) % 5_400_000) as i64;
+                let clicked_ms = at_ns / 1_000_000 - before_ms;
+                writeln!(
+                    out,
+                    "{{\"click_id\":{click_id},\"session_id\":\"{session}\",\"clicked_at\":\"{}\",\"url\":\"/books/{}\"}}",
+                    crate::progress::rfc3339_ms(clicked_ms),
+                    (r >> 40) % 1_000
+                )?;
+            }
+        }
+        out.flush()?;
+    }
+    Ok(click_id)
+}
+
+/// Everything the pipelines of `examples/` read, written beside them in `dir`: the example
+/// plugins (`plugins/`), orders (`data/orders`), the customers table (`data/customers`) and
+/// clicks (`data/clicks`), so that each pipeline runs as written (`weir examples`).
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn write_examples(dir: &Path) -> std::io::Result<OrdersWritten> {
+    write_plugins(&dir.join("plugins"))?;
+    let orders = dir.join("data/orders");
+    // Half an hour of event time (a file per minute), so that the windows of
+    // `revenue_5m.toml` close behind its 10-minute watermark.
+    let written = write_orders(
+        &orders,
+        OrdersSpec {
+            files: 30,
+            lines_per_file: 1_000,
+            ..OrdersSpec::default()
+        },
+    )?;
+    write_customers(&dir.join("data/customers"), 50_000)?;
+    write_clicks(&orders, &dir.join("data/clicks"), 7)?;
+    Ok(written)
+}

@@ -82,6 +82,12 @@ enum Command {
         #[arg(long, default_value = "64 MiB")]
         max_upload: crate::spec::ByteSize,
     },
+    /// Write the example plugins and sample data beside the pipelines of `examples/`, so that
+    /// each runs as written.
+    Examples {
+        #[arg(long, default_value = "examples")]
+        dir: PathBuf,
+    },
     /// Check a pipeline file and print every problem at once.
     Validate {
         file: PathBuf,
@@ -221,6 +227,22 @@ where
             }
         },
         Command::Demo { dir, files, lines } => demo::run(dir, files, lines, cache_dir),
+        Command::Examples { dir } => match crate::examples::write_examples(&dir) {
+            Ok(orders) => {
+                say(&format!(
+                    "{}: the example plugins in plugins/, {} order lines in data/orders, the customers in data/customers, clicks in data/clicks\n\
+                     run any pipeline there, e.g. weir run {}/orders_sql.toml --set query.trigger=available-now",
+                    dir.display(),
+                    orders.lines,
+                    dir.display()
+                ));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                complain(&format!("examples: {}: {e}", dir.display()));
+                ExitCode::from(1)
+            }
+        },
     }
 }
 
