@@ -256,5 +256,7 @@ pub fn write_examples(dir: &Path) -> std::io::Result<OrdersWritten> {
     )?;
     write_customers(&dir.join("data/customers"), 50_000)?;
     write_clicks(&orders, &dir.join("data/clicks"), 7)?;
+    // The folder `orders_foreach_batch.toml` grants its sink.
+    std::fs::create_dir_all(dir.join("out"))?;
     Ok(written)
 }

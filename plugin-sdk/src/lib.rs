@@ -460,3 +460,37 @@ macro_rules! export_listener {
         };
     };
 }
+
+/// Gives the plugin its metadata: a JSON object with `name`, `version`, `description` and
+/// `config_schema` (a JSON Schema of its `config`), stored in the component's custom section
+/// `weir:metadata`. `weir plugin inspect` prints it, and `weir validate` checks a pipeline's
+/// `config` for the plugin against the schema (the keywords `plugin-sdk/README.md` lists).
+///
+/// ```
+/// weir_plugin_sdk::plugin_metadata!(r#"{
+///     "name": "double", "version": "1.0.0", "description": "Doubles a column.",
+///     "config_schema": {"type": "object", "properties": {"column": {"type": "string"}},
+///                       "required": ["column"], "additionalProperties": false}
+/// }"#);
+/// ```
+#[macro_export]
+macro_rules! plugin_metadata {
+    ($json:expr) => {
+        const _: () = {
+            const WEIR_METADATA_JSON: &str = $json;
+            #[cfg(target_arch = "wasm32")]
+            #[used]
+            #[unsafe(link_section = "weir:metadata")]
+            static WEIR_METADATA: [u8; WEIR_METADATA_JSON.len()] = {
+                let bytes = WEIR_METADATA_JSON.as_bytes();
+                let mut out = [0u8; WEIR_METADATA_JSON.len()];
+                let mut i = 0;
+                while i < bytes.len() {
+                    out[i] = bytes[i];
+                    i += 1;
+                }
+                out
+            };
+        };
+    };
+}

@@ -6,6 +6,7 @@
 //! command line is invalid.
 
 mod demo;
+mod plugin;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -82,6 +83,11 @@ enum Command {
         #[arg(long, default_value = "64 MiB")]
         max_upload: crate::spec::ByteSize,
     },
+    /// Work with plugin components.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
     /// Write the example plugins and sample data beside the pipelines of `examples/`, so that
     /// each runs as written.
     Examples {
@@ -115,6 +121,17 @@ enum Command {
         /// Lines per file.
         #[arg(long, default_value_t = 2_000)]
         lines: usize,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Print a component's hash, Weir world, metadata, imports and exports.
+    Inspect {
+        file: PathBuf,
+        /// Print JSON instead.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -227,6 +244,9 @@ where
             }
         },
         Command::Demo { dir, files, lines } => demo::run(dir, files, lines, cache_dir),
+        Command::Plugin {
+            command: PluginCommand::Inspect { file, json },
+        } => plugin::inspect(&file, json),
         Command::Examples { dir } => match crate::examples::write_examples(&dir) {
             Ok(orders) => {
                 say(&format!(

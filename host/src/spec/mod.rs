@@ -37,6 +37,7 @@
 
 pub mod ddl;
 pub mod duration;
+pub mod json_schema;
 pub mod merge;
 mod overrides;
 mod policy;
@@ -712,6 +713,10 @@ pub fn parse(
     let mut collector = validate::Collector::new(problems);
     let pipeline = raw::read(table, &mut collector)
         .and_then(|raw| validate::pipeline(raw, base_dir, &mut collector));
+    let pipeline = pipeline.filter(|_| collector.problems.is_empty());
+    if let Some(p) = &pipeline {
+        collector.problems.extend(plugin_config_problems(p));
+    }
     match pipeline {
         Some(pipeline) if collector.problems.is_empty() => Ok(pipeline),
         _ => {
@@ -723,6 +728,55 @@ pub fn parse(
             Err(fail(problems))
         }
     }
+}
+
+/// Each plugin's `config` checked against the JSON Schema its component carries (its
+/// `weir:metadata` section), if it carries one.
+fn plugin_config_problems(pipeline: &Pipeline) -> Vec<Problem> {
+    let transforms = pipeline.transforms.iter().enumerate().filter_map(|(i, t)| {
+        Some((
+            format!("transform[{i}]"),
+            &t.wasm()?.plugin,
+            &t.wasm()?.config,
+        ))
+    });
+    let functions = pipeline
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (format!("function[{i}]"), &f.plugin.plugin, &f.plugin.config));
+    let listeners = pipeline
+        .listeners
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match &l.kind {
+            ListenerKind::Plugin(p) => Some((format!("listener[{i}]"), &p.plugin, &p.config)),
+            ListenerKind::Webhook { .. } => None,
+        });
+    let sink = match &pipeline.sink {
+        SinkSpec::Plugin(p) => Some(("sink".to_owned(), &p.plugin, &p.config)),
+        _ => None,
+    };
+    let mut problems = Vec::new();
+    for (label, path, config) in transforms.chain(functions).chain(listeners).chain(sink) {
+        // A file that cannot be read or is not a component fails when the query starts, with
+        // the plugin named; here only its schema counts.
+        let Ok(bytes) = std::fs::read(path) else {
+            continue;
+        };
+        let Ok(Some(meta)) = crate::plugin::read_metadata(&bytes) else {
+            continue;
+        };
+        let Some(schema) = &meta.config_schema else {
+            continue;
+        };
+        let mut found = Vec::new();
+        json_schema::check(schema, config, &format!("{label}.config"), &mut found);
+        problems.extend(found.into_iter().map(|(path, message)| {
+            Problem::new(path, format!("{message} ({} {})", meta.name, meta.version))
+        }));
+    }
+    problems
 }
 
 fn syntax_problem(text: &str, err: &toml::de::Error) -> Problem {

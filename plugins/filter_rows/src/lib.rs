@@ -501,6 +501,24 @@ fn compile(config: &Config, data_type: DataType) -> Result<Predicate, PluginErro
 
 weir_plugin_sdk::export_transform!(FilterRows);
 
+weir_plugin_sdk::plugin_metadata!(
+    r#"{
+    "name": "filter_rows",
+    "version": "0.1.0",
+    "description": "Keeps the rows whose column compares true with a literal (eq, ne, gt, ge, lt, le, in, is_null, not_null).",
+    "config_schema": {
+        "type": "object",
+        "properties": {
+            "column": {"type": "string", "minLength": 1},
+            "op": {"enum": ["eq", "ne", "gt", "ge", "lt", "le", "in", "is_null", "not_null"]},
+            "value": {"type": ["string", "number", "boolean", "array"]}
+        },
+        "required": ["column", "op"],
+        "additionalProperties": false
+    }
+}"#
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
