@@ -109,31 +109,21 @@ impl Server {
         }
     }
 
-    /// Polls query `name` until `done` holds of its status, for up to a minute.
+    /// Polls query `name` until `done` holds of its status, for up to a minute; a failed query
+    /// is an error.
     pub fn wait_for(
         &self,
         name: &str,
         token: &str,
         done: impl Fn(&Value) -> bool,
     ) -> Result<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (status, q) = self.json("GET", &format!("/v1/queries/{name}"), token, b"")?;
-            ensure!(status == 200, "GET query {name}: {status} {q}");
-            if done(&q) {
-                return Ok(q);
-            }
-            ensure!(
-                q["status"] != "failed",
-                "query {name} failed: {}",
-                q["error"]
-            );
-            ensure!(
-                Instant::now() < deadline,
-                "query {name} never got there: {q}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let q = self.wait_for_status(name, token, |q| q["status"] == "failed" || done(q))?;
+        ensure!(
+            q["status"] != "failed" || done(&q),
+            "query {name} failed: {}",
+            q["error"]
+        );
+        Ok(q)
     }
 }
 

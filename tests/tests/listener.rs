@@ -197,7 +197,7 @@ fn validate_refuses_bad_listeners() -> Result<()> {
     let both = "[[listener]]\nname = \"x\"\nplugin = \"plugins/query_log.wasm\"\nurl = \"http://example.com/\"";
     let neither = "[[listener]]\nname = \"x\"";
     let bad_url = "[[listener]]\nname = \"x\"\nurl = \"ftp://example.com/\"";
-    let not_a_listener = "[[listener]]\nname = \"x\"\nplugin = \"plugins/filter_rows.wasm\"";
+    let not_a_listener = "[[listener]]\nname = \"x\"\nplugin = \"plugins/normalize_status.wasm\"";
     for (what, listener, key) in [
         ("both", both, "listener[0]"),
         ("neither", neither, "listener[0]"),
