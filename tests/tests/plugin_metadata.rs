@@ -125,3 +125,96 @@ fn validate_checks_a_config_against_the_plugins_schema() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn plugin_test_runs_a_transform_and_a_sink_in_the_host() -> Result<()> {
+    let ws = Workspace::new(1, 10)?;
+    let plugin = |name: &str| ws.path().join("plugins").join(name);
+    let filter = plugin("filter_rows.wasm");
+    let out = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "test",
+            filter.to_str().context("path")?,
+            "--config",
+            r#"{"column":"status","op":"eq","value":"completed"}"#,
+            "--rows",
+            "200",
+            "--batches",
+            "2",
+        ],
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        text.contains("(transform), 2 batch(es) of 200 sample orders"),
+        "{text}"
+    );
+    let kept: Vec<usize> = text
+        .lines()
+        .filter_map(|l| l.split(" rows in, ").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse().ok())
+        .collect();
+    ensure!(
+        kept.len() == 2 && kept.iter().all(|k| *k > 0 && *k < 200),
+        "{text}"
+    );
+    ensure!(
+        text.contains("| completed |") && !text.contains("| pending"),
+        "{text}"
+    );
+    let cost = text.lines().last().unwrap_or_default();
+    ensure!(
+        cost.starts_with("cost: 2 call(s)") && !cost.contains(" 0 fuel"),
+        "{cost}"
+    );
+
+    // A sink, granted a folder, writes what it was given.
+    let sink = plugin("jsonl_sink.wasm");
+    let granted = ws.path().join("tested");
+    let out = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "test",
+            sink.to_str().context("path")?,
+            "--config",
+            r#"{"path":"/out/orders.jsonl"}"#,
+            "--rows",
+            "50",
+            "--dir",
+            &format!("{}=/out", granted.display()),
+        ],
+    )?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = std::fs::read_to_string(granted.join("orders.jsonl"))?
+        .lines()
+        .count();
+    ensure!(lines == 150, "3 batches of 50 rows: {lines}");
+    // Without the grant, the sink's failure is named.
+    let out = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "test",
+            sink.to_str().context("path")?,
+            "--config",
+            r#"{"path":"/out/x.jsonl"}"#,
+        ],
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success() && err.contains("jsonl_sink"), "{err}");
+    Ok(())
+}

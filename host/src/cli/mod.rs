@@ -133,6 +133,23 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Run a transform or sink in the real host on batches of sample orders, and print what
+    /// came out and what it cost (time, fuel, memory).
+    Test {
+        file: PathBuf,
+        /// The plugin's config, as JSON.
+        #[arg(long, default_value = "{}")]
+        config: String,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 1_000)]
+        rows: usize,
+        /// How many batches.
+        #[arg(long, default_value_t = 3)]
+        batches: usize,
+        /// Grant a writable folder: HOST=GUEST (e.g. out=/out), as `capabilities.dirs` does.
+        #[arg(long = "dir", value_name = "HOST=GUEST")]
+        dirs: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -247,6 +264,25 @@ where
         Command::Plugin {
             command: PluginCommand::Inspect { file, json },
         } => plugin::inspect(&file, json),
+        Command::Plugin {
+            command:
+                PluginCommand::Test {
+                    file,
+                    config,
+                    rows,
+                    batches,
+                    dirs,
+                },
+        } => plugin::test(
+            &file,
+            plugin::TestOptions {
+                config,
+                rows,
+                batches,
+                dirs,
+                cache_dir,
+            },
+        ),
         Command::Examples { dir } => match crate::examples::write_examples(&dir) {
             Ok(orders) => {
                 say(&format!(

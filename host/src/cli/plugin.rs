@@ -149,3 +149,183 @@ pub(super) fn inspect(file: &Path, json: bool) -> ExitCode {
     say(&text);
     ExitCode::SUCCESS
 }
+
+/// What `weir plugin test` runs a plugin with.
+pub(super) struct TestOptions {
+    pub config: String,
+    pub rows: usize,
+    pub batches: usize,
+    /// Writable folders to grant, `HOST=GUEST`.
+    pub dirs: Vec<String>,
+    pub cache_dir: Option<std::path::PathBuf>,
+}
+
+/// `weir plugin test FILE`: runs a transform or a sink in the real host, sandboxed as a
+/// pipeline would run it (default limits, fuel metered), on batches of the sample orders, and
+/// prints what came out and what it cost.
+pub(super) fn test(file: &Path, options: TestOptions) -> ExitCode {
+    match run_test(file, options) {
+        Ok(report) => {
+            say(&report);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            complain(&format!("{}: {e}", file.display()));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Fuel each call may burn in a test: enough for any honest batch of the sample size.
+const TEST_FUEL: u64 = 50_000_000_000;
+
+fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
+    use crate::plugin::{
+        BatchInfo, EngineOptions, PluginEngine, PluginOptions, ReplayKey, Sandbox, WasmSink,
+        WasmTransform,
+    };
+    let found = inspection(file)?;
+    let name = file
+        .file_stem()
+        .map_or_else(|| "plugin".to_owned(), |s| s.to_string_lossy().into_owned());
+    let batches = sample_batches(options.rows, options.batches)?;
+    let schema = batches[0].schema();
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: options.cache_dir,
+        fuel: true,
+        pool: None,
+    })
+    .map_err(|e| e.to_string())?;
+    let loaded = engine.load(&name, file).map_err(|e| e.to_string())?;
+    let mut dirs = Vec::new();
+    for grant in &options.dirs {
+        let (host, guest) = grant
+            .split_once('=')
+            .ok_or_else(|| format!("--dir {grant}: write HOST=GUEST, e.g. out=/out"))?;
+        let host = std::path::absolute(host).map_err(|e| format!("--dir {grant}: {e}"))?;
+        std::fs::create_dir_all(&host).map_err(|e| format!("--dir {grant}: {e}"))?;
+        dirs.push(crate::spec::DirGrant {
+            host,
+            guest: guest.to_owned(),
+            writable: true,
+        });
+    }
+    let plugin_options = PluginOptions {
+        name: name.clone(),
+        config_json: options.config,
+        sandbox: Sandbox {
+            fuel: Some(TEST_FUEL),
+            dirs,
+            ..Sandbox::default()
+        },
+        failpoint: None,
+        replay_key: ReplayKey::new(&crate::checkpoint::QuerySecret::from_bytes([0; 32]), 0),
+    };
+    let info = |batch_id: u64| BatchInfo {
+        query_id: "weir-plugin-test".into(),
+        batch_id,
+        attempt: 0,
+        timestamp_micros: 1_709_251_200_000_000,
+        partition: 0,
+    };
+    let mut text = format!(
+        "{} ({}), {} batch(es) of {} sample orders\n",
+        found.file,
+        found.world.unwrap_or("not a Weir world"),
+        batches.len(),
+        options.rows
+    );
+    let usage = match found.world {
+        Some("transform") => {
+            let mut t = WasmTransform::open(&engine, loaded, plugin_options, schema)
+                .map_err(|e| e.to_string())?;
+            for (n, batch) in batches.iter().enumerate() {
+                let out = t
+                    .process(batch, &info(n as u64))
+                    .map_err(|e| e.to_string())?;
+                text.push_str(&format!(
+                    "batch {n}: {} rows in, {} rows out\n",
+                    batch.num_rows(),
+                    out.num_rows()
+                ));
+                if n == 0 {
+                    let shown = out.slice(0, out.num_rows().min(10));
+                    let table = arrow_cast::pretty::pretty_format_batches(&[shown])
+                        .map_err(|e| e.to_string())?;
+                    text.push_str(&format!("{table}\n"));
+                }
+            }
+            t.usage().clone()
+        }
+        Some("sink") => {
+            let mut s = WasmSink::open(&engine, loaded, plugin_options, &schema)
+                .map_err(|e| e.to_string())?;
+            for (n, batch) in batches.iter().enumerate() {
+                s.write_batch(batch, &info(n as u64))
+                    .map_err(|e| e.to_string())?;
+                text.push_str(&format!("batch {n}: {} rows written\n", batch.num_rows()));
+            }
+            s.usage().clone()
+        }
+        Some(other) => {
+            return Err(format!(
+                "a {other} plugin: `weir plugin test` runs transforms and sinks; run it in a pipeline"
+            ));
+        }
+        None => return Err("not a plugin of any Weir world".into()),
+    };
+    let per_call = if usage.calls == 0 {
+        0.0
+    } else {
+        usage.call_time.as_secs_f64() * 1000.0 / usage.calls as f64
+    };
+    text.push_str(&format!(
+        "cost: {} call(s), {:.2} ms in all ({per_call:.3} ms a call), {} fuel, {} instantiation(s), memory peak {} KiB of {} MiB",
+        usage.calls,
+        usage.call_time.as_secs_f64() * 1000.0,
+        usage.fuel_consumed,
+        usage.instantiations,
+        usage.memory_peak_bytes / 1024,
+        usage.memory_limit_bytes >> 20
+    ));
+    Ok(text)
+}
+
+/// `count` batches of `rows` sample orders (1 line in 100 malformed, left out).
+fn sample_batches(rows: usize, count: usize) -> Result<Vec<arrow_array::RecordBatch>, String> {
+    let dir = std::env::temp_dir().join(format!("weir-plugin-test-{}", std::process::id()));
+    let written = crate::examples::write_orders(
+        &dir,
+        crate::examples::OrdersSpec {
+            files: count.max(1),
+            lines_per_file: rows.max(1),
+            seed: 7,
+            malformed_every: 0,
+        },
+    );
+    let read = written.map_err(|e| e.to_string()).and_then(|_| {
+        let schema = std::sync::Arc::new(
+            crate::spec::parse_schema(crate::examples::ORDERS_SCHEMA).map_err(|e| e.to_string())?,
+        );
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        let mut out = Vec::new();
+        for f in files {
+            let file = std::fs::File::open(&f).map_err(|e| e.to_string())?;
+            let reader = arrow_json::ReaderBuilder::new(std::sync::Arc::clone(&schema))
+                .with_batch_size(rows.max(1))
+                .build(std::io::BufReader::new(file))
+                .map_err(|e| e.to_string())?;
+            for batch in reader {
+                out.push(batch.map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(out)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    read
+}
