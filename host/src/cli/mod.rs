@@ -7,6 +7,7 @@
 
 mod demo;
 mod plugin;
+mod plugin_new;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -132,6 +133,18 @@ enum PluginCommand {
         /// Print JSON instead.
         #[arg(long)]
         json: bool,
+    },
+    /// Write a plugin project to start from (a transform, its test, a pipeline using it).
+    New {
+        /// The project's folder; its last part is the plugin's name.
+        dir: PathBuf,
+        #[arg(long, default_value = "rust")]
+        lang: String,
+    },
+    /// Build the plugin project in DIR (default: here) into DIR/<name>.wasm.
+    Build {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
     },
     /// Run a transform or sink in the real host on batches of sample orders, and print what
     /// came out and what it cost (time, fuel, memory).
@@ -264,6 +277,12 @@ where
         Command::Plugin {
             command: PluginCommand::Inspect { file, json },
         } => plugin::inspect(&file, json),
+        Command::Plugin {
+            command: PluginCommand::New { dir, lang },
+        } => plugin_new::new(&lang, &dir),
+        Command::Plugin {
+            command: PluginCommand::Build { dir },
+        } => plugin_new::build(&dir),
         Command::Plugin {
             command:
                 PluginCommand::Test {
