@@ -159,7 +159,7 @@ fn a_webhook_hears_every_event_as_json() -> Result<()> {
 #[test]
 fn failing_listeners_are_counted_and_never_fail_the_query() -> Result<()> {
     let ws = Workspace::new(3, 200)?;
-    let (addr, _) = receiver(500)?;
+    let (addr, bodies) = receiver(500)?;
     // The plugin has no folder granted: every event fails. The webhook answers 500.
     let listeners = format!(
         r#"[[listener]]
@@ -173,13 +173,42 @@ url = "http://{addr}/"
 "#
     );
     let file = ws.pipeline("p.toml", &pipeline("failing", &listeners))?;
-    run_ok(EXE, &cache(), &file, &[])?;
+    let run = run_ok(EXE, &cache(), &file, &[])?;
     let records = records(&ws, "failing")?;
     ensure!(records.len() == 3, "every batch ran");
+    // Every event reached both, and each failure was logged, naming the listener and event.
+    let kinds: Vec<String> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["event"].as_str().map(str::to_owned))
+        .collect();
+    ensure!(
+        kinds
+            == [
+                "queryStarted",
+                "queryProgress",
+                "queryProgress",
+                "queryProgress",
+                "queryTerminated"
+            ],
+        "the webhook (answering 500) heard {kinds:?}"
+    );
+    let log = String::from_utf8_lossy(&run.stderr);
+    for name in ["log", "hook"] {
+        for event in ["queryStarted", "queryProgress", "queryTerminated"] {
+            ensure!(
+                log.contains(&format!("listener {name} failed on {event}")),
+                "{name} {event}:\n{log}"
+            );
+        }
+    }
     let out = weir_tests::sorted_output(&ws.path().join("out/failing"))?;
     ensure!(!out.is_empty(), "the sink wrote");
     let last = &records[2]["listeners"];
     for (i, name) in ["log", "hook"].iter().enumerate() {
+        // The record is written before its own event is queued: what it counts is the earlier
+        // events the listener thread had taken by then, all failed.
         ensure!(last[i]["name"] == *name, "{last}");
         ensure!(last[i]["events"] == 0, "{last}");
         // The start and the first two batches had been heard (and failed) by then, at most.

@@ -462,7 +462,7 @@ pub(crate) fn run(file: &Path, overrides: &[String], run: RunOptions) -> ExitCod
             }
             let query = pipeline.query.name.clone();
             let hook: crate::query::ProgressHook =
-                Arc::new(move |p| metrics.observe("", &query, p));
+                Arc::new(move |p, _| metrics.observe("", &query, p));
             Some(hook)
         }
     };

@@ -154,6 +154,11 @@ impl Listeners {
         }
     }
 
+    /// Whether anyone listens (so that an event is worth making).
+    pub(super) fn any(&self) -> bool {
+        self.queue.is_some()
+    }
+
     /// Queues `event` without waiting: dropped (and counted) when the queue is full.
     pub(super) fn send(&self, event: QueryEvent) {
         let Some(queue) = &self.queue else { return };

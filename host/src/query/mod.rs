@@ -117,8 +117,9 @@ pub struct QueryOptions {
     pub on_reload: Option<ReloadHook>,
 }
 
-/// See [`QueryOptions::on_progress`].
-pub type ProgressHook = Arc<dyn Fn(&QueryProgress) + Send + Sync>;
+/// See [`QueryOptions::on_progress`]: the record, and the same as JSON (as the checkpoint's
+/// `progress.jsonl` has it), so that a hook need not serialise it again.
+pub type ProgressHook = Arc<dyn Fn(&QueryProgress, &serde_json::Value) + Send + Sync>;
 /// See [`QueryOptions::on_reload`].
 pub type ReloadHook = Arc<dyn Fn(&[ReloadOutcome]) + Send + Sync>;
 
@@ -972,12 +973,14 @@ impl Query {
         self.checkpoint.append_progress(&json)?;
         tracing::info!(query = %self.pipeline.query.name, batch_id = n, "{}", record.summary());
         if let Some(hook) = &self.options.on_progress {
-            hook(&record);
+            hook(&record, &json);
         }
-        self.listeners.send(QueryEvent::Progress {
-            batch_id: n,
-            json: json.to_string(),
-        });
+        if self.listeners.any() {
+            self.listeners.send(QueryEvent::Progress {
+                batch_id: n,
+                json: json.to_string(),
+            });
+        }
         self.summary.batches += 1;
         self.summary.input_rows += outcome.input_rows;
         self.summary.output_rows += outcome.output_rows;

@@ -308,19 +308,7 @@ impl Host {
                 // A pipeline that no longer passes (a plugin deleted, a quota lowered) is
                 // listed as failed, with why.
                 Err(e) => {
-                    let hosted = Arc::new(Hosted {
-                        name: name.clone(),
-                        tenant: space.tenant.name.clone(),
-                        text,
-                        memory_bytes: 0,
-                        plugins: Vec::new(),
-                        checkpoint: PathBuf::new(),
-                        run: Mutex::new(Run::idle(Status::Failed(e.to_string()))),
-                        recent: Mutex::default(),
-                        reloads: Mutex::default(),
-                        reloaded: Condvar::new(),
-                        failures: AtomicU32::new(0),
-                    });
+                    let hosted = Hosted::failed(&space.tenant.name, &name, text, e.to_string());
                     tracing::warn!(tenant = %space.tenant.name, query = %name, "not resumed: {e}");
                     hosted
                 }
@@ -452,7 +440,7 @@ impl Host {
         let on_progress = {
             let (hosted, metrics) = (Arc::clone(hosted), Arc::clone(&self.metrics));
             let backoff = Arc::clone(&space.backoff);
-            Arc::new(move |p: &QueryProgress| {
+            Arc::new(move |p: &QueryProgress, json: &serde_json::Value| {
                 // A batch that commits ends a run of failures (and of low priority, where the
                 // host may raise it again).
                 lock(&backoff).remove(&hosted.name);
@@ -460,13 +448,11 @@ impl Host {
                     restore_priority();
                 }
                 metrics.observe(&hosted.tenant, &hosted.name, p);
-                if let Ok(json) = serde_json::to_value(p) {
-                    let mut recent = lock(&hosted.recent);
-                    if recent.len() == RECENT {
-                        recent.pop_front();
-                    }
-                    recent.push_back(json);
+                let mut recent = lock(&hosted.recent);
+                if recent.len() == RECENT {
+                    recent.pop_front();
                 }
+                recent.push_back(json.clone());
             })
         };
         let on_reload = {
@@ -804,19 +790,44 @@ impl Run {
 
 impl Hosted {
     fn new(tenant: &str, name: &str, text: String, prepared: &Prepared) -> Arc<Self> {
+        Self::with(
+            tenant,
+            name,
+            text,
+            prepared.memory_bytes,
+            prepared.plugins.clone(),
+            prepared.pipeline.query.checkpoint.clone(),
+        )
+    }
+
+    fn with(
+        tenant: &str,
+        name: &str,
+        text: String,
+        memory_bytes: u64,
+        plugins: Vec<String>,
+        checkpoint: PathBuf,
+    ) -> Arc<Self> {
         Arc::new(Self {
             name: name.to_owned(),
             tenant: tenant.to_owned(),
             text,
-            memory_bytes: prepared.memory_bytes,
-            plugins: prepared.plugins.clone(),
-            checkpoint: prepared.pipeline.query.checkpoint.clone(),
+            memory_bytes,
+            plugins,
+            checkpoint,
             run: Mutex::new(Run::idle(Status::Stopped)),
             recent: Mutex::default(),
             reloads: Mutex::default(),
             reloaded: Condvar::new(),
             failures: AtomicU32::new(0),
         })
+    }
+
+    /// A saved query whose pipeline no longer passes its checks: listed, failed, not run.
+    fn failed(tenant: &str, name: &str, text: String, error: String) -> Arc<Self> {
+        let hosted = Self::with(tenant, name, text, 0, Vec::new(), PathBuf::new());
+        lock(&hosted.run).status = Status::Failed(error);
+        hosted
     }
 
     pub fn status(&self) -> Status {

@@ -563,6 +563,12 @@ impl StateStore {
             // Nothing to delete; a pending delete stays as it is.
             return Ok(());
         }
+        self.record_delete(key);
+        Ok(())
+    }
+
+    /// Books the delete of `key`, which the state holds, in this batch's writes.
+    fn record_delete(&mut self, key: &[u8]) {
         self.rows = self.rows.saturating_sub(1);
         match self.pending.entry(key.to_vec()) {
             Entry::Occupied(mut e) => {
@@ -575,7 +581,6 @@ impl StateStore {
                 e.insert(None);
             }
         }
-        Ok(())
     }
 
     /// Removes `key`, which the caller knows the state holds (committed or written in this
@@ -592,18 +597,7 @@ impl StateStore {
             },
             "delete_present of a key the state does not hold"
         );
-        self.rows = self.rows.saturating_sub(1);
-        match self.pending.entry(key.to_vec()) {
-            Entry::Occupied(mut e) => {
-                let old = e.get().as_ref().map_or(0, Vec::len) as u64;
-                self.pending_bytes -= old;
-                e.insert(None);
-            }
-            Entry::Vacant(e) => {
-                self.pending_bytes += key.len() as u64;
-                e.insert(None);
-            }
-        }
+        self.record_delete(key);
         Ok(())
     }
 
