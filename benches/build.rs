@@ -1,8 +1,10 @@
-//! Builds the Python and JavaScript example plugins for `weir-bench boundary`
+//! Builds the Python, JavaScript and C example plugins for `weir-bench boundary`
 //! (the same scripts and content-hash cache as the tests, so this is a copy
 //! when the tests have built them), and the misbehaving plugin of the tests for
 //! `weir-bench serve noisy` (the same build as the tests').
 
+#[path = "../tests/build_c.rs"]
+mod build_c;
 #[path = "../tests/build_polyglot.rs"]
 mod build_polyglot;
 #[path = "../host/build_support.rs"]
@@ -15,4 +17,5 @@ fn main() {
         "WEIR_PLUGIN_HOSTILE",
     )]);
     build_polyglot::build_polyglot_plugins();
+    build_c::build_c_plugins();
 }

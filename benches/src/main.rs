@@ -48,6 +48,7 @@ use weir_host::query::{Query, QueryOptions};
 mod delta;
 mod kafka;
 mod loading;
+mod plugin_state;
 mod serve;
 mod stateful;
 
@@ -59,13 +60,14 @@ fn main() -> ExitCode {
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
         Some("loading") => loading::loading(&args[2..]),
+        Some("plugin-state") => plugin_state::plugin_state(&args[2..]),
         Some("instances") => loading::instances(&args[2..]),
         Some("kafka") => kafka::kafka(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("serve") => serve::serve(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {
@@ -450,6 +452,11 @@ fn filter_plugins() -> Result<Vec<(&'static str, &'static str, Vec<u8>)>> {
             "JavaScript",
             "js_filter_rows.wasm",
             read(env!("WEIR_PLUGIN_JS_FILTER_ROWS"))?,
+        ),
+        (
+            "C",
+            "c_filter_rows.wasm",
+            read(env!("WEIR_PLUGIN_C_FILTER_ROWS"))?,
         ),
     ])
 }

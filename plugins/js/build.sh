@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Weir's JavaScript example plugins into WebAssembly components:
 #
-#   plugins/js/build.sh OUT_DIR     # writes OUT_DIR/js_filter_rows.wasm, js_jsonl_sink.wasm
+#   plugins/js/build.sh OUT_DIR     # writes OUT_DIR/js_filter_rows.wasm, js_jsonl_sink.wasm,
+#                                   # js_running_total.wasm, js_merge_sink.wasm
 #
 # componentize-js and its dependencies, pinned by package.json and package-lock.json beside
 # this script, are installed with `npm ci` under ${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools}
@@ -44,6 +45,8 @@ fi
 plugins=(
   "filter_rows transform $root/wit weir-plugin.js"
   "jsonl_sink sink-with-files $here/wit weir-plugin.js weir-files.js"
+  "running_total stateful-transform $root/wit weir-plugin.js weir-state.js"
+  "merge_sink merge-sink $root/wit weir-plugin.js weir-merge.js"
 )
 for spec in "${plugins[@]}"; do
   read -r name world wit sdk <<<"$spec"

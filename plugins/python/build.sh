@@ -2,7 +2,8 @@
 # Builds Weir's Python example plugins into WebAssembly components:
 #
 #   plugins/python/build.sh OUT_DIR     # writes OUT_DIR/python_filter_rows.wasm, python_jsonl_sink.wasm,
-#                                       # python_count_char.wasm
+#                                       # python_count_char.wasm, python_running_total.wasm,
+#                                       # python_merge_sink.wasm
 #
 # componentize-py, pinned by hash in requirements.txt beside this script, is installed with pip
 # into a virtual environment under ${WEIR_TOOLS_DIR:-$HOME/.cache/weir/tools} the first time
@@ -49,6 +50,8 @@ plugins=(
   "filter_rows transform filter_rows"
   "jsonl_sink sink jsonl_sink"
   "count_char scalar-function count_char"
+  "running_total stateful-transform running_total"
+  "merge_sink merge-sink merge_sink"
 )
 for spec in "${plugins[@]}"; do
   read -r name world module <<<"$spec"

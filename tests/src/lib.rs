@@ -69,9 +69,20 @@ pub const PYTHON_FILTER_ROWS: &str = env!("WEIR_PLUGIN_PYTHON_FILTER_ROWS");
 pub const PYTHON_JSONL_SINK: &str = env!("WEIR_PLUGIN_PYTHON_JSONL_SINK");
 /// `count_char(s, c)` of world `scalar-function` (`plugins/python/count_char.py`).
 pub const PYTHON_COUNT_CHAR: &str = env!("WEIR_PLUGIN_PYTHON_COUNT_CHAR");
+/// `plugins/python/running_total.py` (world `stateful-transform`).
+pub const PYTHON_RUNNING_TOTAL: &str = env!("WEIR_PLUGIN_PYTHON_RUNNING_TOTAL");
+/// `plugins/python/merge_sink.py` (world `merge-sink`).
+pub const PYTHON_MERGE_SINK: &str = env!("WEIR_PLUGIN_PYTHON_MERGE_SINK");
 /// The JavaScript example plugins (`plugins/js`), built by this crate's build script.
 pub const JS_FILTER_ROWS: &str = env!("WEIR_PLUGIN_JS_FILTER_ROWS");
 pub const JS_JSONL_SINK: &str = env!("WEIR_PLUGIN_JS_JSONL_SINK");
+/// `plugins/js/running_total.js` (world `stateful-transform`).
+pub const JS_RUNNING_TOTAL: &str = env!("WEIR_PLUGIN_JS_RUNNING_TOTAL");
+/// `plugins/js/merge_sink.js` (world `merge-sink`).
+pub const JS_MERGE_SINK: &str = env!("WEIR_PLUGIN_JS_MERGE_SINK");
+/// The C example plugins (`plugins/c`), built by this crate's build script with clang.
+pub const C_FILTER_ROWS: &str = env!("WEIR_PLUGIN_C_FILTER_ROWS");
+pub const C_JSONL_SINK: &str = env!("WEIR_PLUGIN_C_JSONL_SINK");
 
 /// The orders schema in DDL form.
 pub const SCHEMA: &str = weir_host::examples::ORDERS_SCHEMA;

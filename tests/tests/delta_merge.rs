@@ -435,6 +435,17 @@ fn a_kill_before_or_after_the_delta_commit_neither_loses_nor_reapplies_the_batch
 /// A foreachBatch sink (`plugins/merge_sink`) that drops cancelled orders and merges each batch
 /// into the tables named in its config, through the host's `delta-merge` capability.
 fn plugin_pipeline(dir: &Path, tag: &str, tables: &[&str], grants: &str) -> Result<PathBuf> {
+    language_plugin_pipeline(dir, tag, "plugins/merge_sink.wasm", tables, grants)
+}
+
+/// [`plugin_pipeline`] with the merge_sink of any language at `plugin`.
+fn language_plugin_pipeline(
+    dir: &Path,
+    tag: &str,
+    plugin: &str,
+    tables: &[&str],
+    grants: &str,
+) -> Result<PathBuf> {
     weir_host::examples::write_plugins(&dir.join("plugins"))?;
     let tables: Vec<String> = tables.iter().map(|t| format!("{t:?}")).collect();
     let text = format!(
@@ -442,7 +453,7 @@ fn plugin_pipeline(dir: &Path, tag: &str, tables: &[&str], grants: &str) -> Resu
 [sink]
 kind = "plugin"
 name = "merge_sink"
-plugin = "plugins/merge_sink.wasm"
+plugin = "{plugin}"
 config = {{ tables = [{}], drop_statuses = ["cancelled"] }}
 {grants}
 "#,
@@ -467,13 +478,27 @@ keys = ["order_id", "status"]
 
 #[test]
 fn a_wasm_sink_merges_into_granted_tables_exactly_once_across_a_kill() -> Result<()> {
+    // The same plugin in Rust, Python and JavaScript: the same tables, logs and txns.
+    for plugin in [
+        "plugins/merge_sink.wasm",
+        weir_tests::PYTHON_MERGE_SINK,
+        weir_tests::JS_MERGE_SINK,
+    ] {
+        merges_exactly_once_across_a_kill(plugin)
+            .with_context(|| format!("merge_sink {plugin}"))?;
+    }
+    Ok(())
+}
+
+fn merges_exactly_once_across_a_kill(plugin: &str) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut batches: Vec<Vec<(i64, &str, &str)>> = UPSERTS.iter().map(|b| b.to_vec()).collect();
     // Dropped by the plugin before the merge.
     batches[1].push((6, "cancelled", "10:03"));
     let refs: Vec<&[(i64, &str, &str)]> = batches.iter().map(Vec::as_slice).collect();
     write_batches(dir.path(), &refs)?;
-    let file = plugin_pipeline(dir.path(), "wasm", &["orders", "history"], GRANTS)?;
+    let file =
+        language_plugin_pipeline(dir.path(), "wasm", plugin, &["orders", "history"], GRANTS)?;
     // Killed after batch 1 was merged into both tables, before its commits/1.
     run_killed_at(EXE, &cache(), &file, "before-commit@1")?;
     let checkpoint = dir.path().join("checkpoints/wasm");

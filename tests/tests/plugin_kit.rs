@@ -27,13 +27,88 @@ fn weir_in(dir: &std::path::Path, args: &[&str]) -> Result<std::process::Output>
 }
 
 #[test]
-fn a_new_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
+fn a_new_rust_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let project = scratch.path().join("keep_status");
-    let out = weir(
+    let project = new_build_test_and_run(scratch.path(), "rust", "keep_status")?;
+    let out = weir_in(
+        &project,
+        &["plugin", "inspect", "keep_status.wasm", "--json"],
+    )?;
+    let inspected: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(
+        inspected["metadata"]["name"] == "keep_status",
+        "{inspected}"
+    );
+
+    // A name that is not one, a folder that exists, a language this weir does not make.
+    let bad = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "new",
+            scratch.path().join("Bad-Name").to_str().context("path")?,
+        ],
+    )?;
+    ensure!(
+        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("not a plugin name")
+    );
+    let again = weir(
         EXE,
         &cache(),
         &["plugin", "new", project.to_str().context("path")?],
+    )?;
+    ensure!(
+        !again.status.success()
+            && String::from_utf8_lossy(&again.stderr).contains("exists already")
+    );
+    let cobol = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "new",
+            "--lang",
+            "cobol",
+            scratch.path().join("p").to_str().context("path")?,
+        ],
+    )?;
+    ensure!(
+        !cobol.status.success()
+            && String::from_utf8_lossy(&cobol.stderr).contains("expected rust, python or js")
+    );
+    Ok(())
+}
+
+#[test]
+fn a_new_python_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    new_build_test_and_run(scratch.path(), "python", "keep_py")?;
+    Ok(())
+}
+
+#[test]
+fn a_new_js_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    new_build_test_and_run(scratch.path(), "js", "keep_js")?;
+    Ok(())
+}
+
+/// Follows the instructions `weir plugin new --lang LANG` prints, in a new project `name` under
+/// `scratch`: build, the project's own test (Python and JavaScript), `weir plugin test`,
+/// `weir examples --dir .` and `weir run pipeline.toml`, checking what each says.
+fn new_build_test_and_run(scratch: &std::path::Path, lang: &str, name: &str) -> Result<PathBuf> {
+    let project = scratch.join(name);
+    let out = weir(
+        EXE,
+        &cache(),
+        &[
+            "plugin",
+            "new",
+            "--lang",
+            lang,
+            project.to_str().context("path")?,
+        ],
     )?;
     let said = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -45,13 +120,27 @@ fn a_new_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
         said.contains("weir plugin build") && said.contains("weir run pipeline.toml"),
         "{said}"
     );
-    for file in [
-        "Cargo.toml",
-        "src/lib.rs",
-        "pipeline.toml",
-        "weir/wit/weir.wit",
-        "weir/plugin-sdk/src/lib.rs",
-    ] {
+    let files: &[&str] = match lang {
+        "rust" => &["Cargo.toml", "src/lib.rs", "weir/plugin-sdk/src/lib.rs"],
+        "python" => &[
+            "plugin.toml",
+            "build.sh",
+            "test.sh",
+            "requirements.txt",
+            "weir/weir_plugin.py",
+        ],
+        _ => &[
+            "plugin.toml",
+            "build.sh",
+            "test.sh",
+            "package-lock.json",
+            "weir/weir-plugin.js",
+        ],
+    };
+    for file in files
+        .iter()
+        .chain(&["pipeline.toml", "README.md", "weir/wit/weir.wit"])
+    {
         ensure!(project.join(file).is_file(), "{file} missing");
     }
 
@@ -61,15 +150,32 @@ fn a_new_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
         "build: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let wasm = project.join("keep_status.wasm");
-    ensure!(wasm.is_file(), "no component");
+    let wasm = format!("{name}.wasm");
+    ensure!(project.join(&wasm).is_file(), "no component");
+
+    if lang != "rust" {
+        // The project's own test: it builds and runs the plugin with the weir it is given.
+        let out = Command::new("bash")
+            .arg("test.sh")
+            .current_dir(&project)
+            .env("WEIR", EXE)
+            .env("WEIR_CACHE_DIR", cache())
+            .env_remove("WEIR_LOG")
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "test.sh: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     let out = weir_in(
         &project,
         &[
             "plugin",
             "test",
-            "keep_status.wasm",
+            &wasm,
             "--config",
             r#"{"column":"status","equals":"completed"}"#,
             "--rows",
@@ -89,16 +195,6 @@ fn a_new_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
             && text.contains("| completed |")
             && text.contains("cost: 1 call(s)"),
         "{text}"
-    );
-
-    let out = weir_in(
-        &project,
-        &["plugin", "inspect", "keep_status.wasm", "--json"],
-    )?;
-    let inspected: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    ensure!(
-        inspected["metadata"]["name"] == "keep_status",
-        "{inspected}"
     );
 
     let out = weir_in(&project, &["examples", "--dir", "."])?;
@@ -125,42 +221,79 @@ fn a_new_plugin_builds_tests_and_runs_in_a_pipeline() -> Result<()> {
     // The console sink shows the first 20 rows of each batch, as Spark's does.
     ensure!(
         rows >= 20 && others == 0,
-        "{rows} completed rows, {others} others:\n{printed}"
+        "{lang}: {rows} completed rows, {others} others:\n{printed}"
     );
+    Ok(project)
+}
 
-    // A name that is not one, a folder that exists, a language this weir does not make.
-    let bad = weir(
-        EXE,
-        &cache(),
+#[test]
+fn weir_plugin_test_runs_stateful_transforms_and_listeners() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    weir_host::examples::write_plugins(&scratch.path().join("plugins"))?;
+
+    // Batch n sees what batch n-1 put: the keys grow, and the totals run on.
+    let out = weir_in(
+        scratch.path(),
         &[
             "plugin",
-            "new",
-            scratch.path().join("Bad-Name").to_str().context("path")?,
+            "test",
+            "plugins/running_total.wasm",
+            "--config",
+            r#"{"key":"status","value":"amount"}"#,
+            "--rows",
+            "200",
         ],
     )?;
+    let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
-        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("not a plugin name")
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let again = weir(
-        EXE,
-        &cache(),
-        &["plugin", "new", project.to_str().context("path")?],
-    )?;
+    ensure!(text.contains("(stateful-transform)"), "{text}");
+    let keys: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split_once("state: ")?.1.split(' ').next()?.parse().ok())
+        .collect();
+    // A handful of statuses, kept across batches (a store reset per batch would show the
+    // same figure only by chance; it could never exceed one batch's distinct statuses).
     ensure!(
-        !again.status.success()
-            && String::from_utf8_lossy(&again.stderr).contains("exists already")
+        keys.len() == 3 && keys[0] > 1 && keys.windows(2).all(|w| w[0] <= w[1]),
+        "{text}"
     );
-    let py = weir(
-        EXE,
-        &cache(),
+    ensure!(text.contains("running_total"), "{text}");
+
+    // A listener hears started, a progress record per batch, idle and terminated.
+    let out = weir_in(
+        scratch.path(),
         &[
             "plugin",
-            "new",
-            "--lang",
-            "python",
-            scratch.path().join("p").to_str().context("path")?,
+            "test",
+            "plugins/query_log.wasm",
+            "--config",
+            r#"{"path":"/out/events.log"}"#,
+            "--dir",
+            "events=/out",
+            "--batches",
+            "2",
         ],
     )?;
-    ensure!(!py.status.success() && String::from_utf8_lossy(&py.stderr).contains("plugins/python"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        text.contains("(listener)") && text.matches("queryProgress: delivered").count() == 2,
+        "{text}"
+    );
+    let log = std::fs::read_to_string(scratch.path().join("events/events.log"))?;
+    ensure!(
+        log.lines().count() == 5
+            && log.contains("batch=1 input=1000")
+            && log.starts_with("started"),
+        "{log}"
+    );
     Ok(())
 }

@@ -1,7 +1,7 @@
-//! The Python and JavaScript example plugins against the same WIT as the Rust ones: each is
+//! The Python, JavaScript and C example plugins against the same WIT as the Rust ones: each is
 //! loaded by the same `weir run` and must produce byte for byte what the Rust plugin produces
-//! on the same input; the sinks are idempotent by batch id; and a plugin's error value
-//! surfaces with the plugin's name.
+//! on the same input, stateful ones across a SIGKILL too; the sinks are idempotent by batch id;
+//! and a plugin's error value surfaces with the plugin's name.
 
 use std::path::{Path, PathBuf};
 
@@ -12,8 +12,9 @@ use weir_host::plugin::{
     WasmTransform,
 };
 use weir_tests::{
-    JS_FILTER_ROWS, JS_JSONL_SINK, PYTHON_FILTER_ROWS, PYTHON_JSONL_SINK, SCHEMA, Workspace, lines,
-    orders_batch, run_ok, weir,
+    C_FILTER_ROWS, C_JSONL_SINK, JS_FILTER_ROWS, JS_JSONL_SINK, JS_RUNNING_TOTAL,
+    PYTHON_FILTER_ROWS, PYTHON_JSONL_SINK, PYTHON_RUNNING_TOTAL, SCHEMA, Workspace, commit_ids,
+    lines, orders_batch, run_killed_at, run_ok, weir,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_weir-test-cli");
@@ -48,6 +49,11 @@ const JS: Language = Language {
     name: "js",
     filter: JS_FILTER_ROWS,
     sink: JS_JSONL_SINK,
+};
+const C: Language = Language {
+    name: "c",
+    filter: C_FILTER_ROWS,
+    sink: C_JSONL_SINK,
 };
 
 /// orders → normalize_status (Rust) → four filters of `filter` → the jsonl sink `sink`, into
@@ -115,7 +121,7 @@ fn run(ws: &Workspace, tag: &str, filter: &str, sink: &str) -> Result<String> {
 }
 
 #[test]
-fn python_and_js_plugins_produce_what_the_rust_plugins_produce() -> Result<()> {
+fn python_js_and_c_plugins_produce_what_the_rust_plugins_produce() -> Result<()> {
     let ws = Workspace::new(3, 300)?;
     let (rust_filter, rust_sink) = rust(&ws);
     let expected = run(&ws, "rust", &rust_filter, &rust_sink)?;
@@ -142,7 +148,7 @@ fn python_and_js_plugins_produce_what_the_rust_plugins_produce() -> Result<()> {
         );
     }
 
-    for lang in [PYTHON, JS] {
+    for lang in [PYTHON, JS, C] {
         let got = run(&ws, lang.name, lang.filter, lang.sink)?;
         ensure!(
             got == expected,
@@ -165,12 +171,15 @@ fn python_and_js_plugins_produce_what_the_rust_plugins_produce() -> Result<()> {
             lang.name
         );
     }
-    // A mix in one query: the Python filter, then the JavaScript sink.
+    // Mixes in one query: the Python filter, then the JavaScript sink; the C filter, then
+    // the Python sink.
     let mixed = run(&ws, "mixed", PYTHON.filter, JS.sink)?;
     ensure!(
         mixed == expected,
         "python filter + js sink differ from Rust"
     );
+    let mixed = run(&ws, "mixed_c", C.filter, PYTHON.sink)?;
+    ensure!(mixed == expected, "c filter + python sink differ from Rust");
     Ok(())
 }
 
@@ -230,6 +239,7 @@ fn a_replayed_batch_is_not_written_twice_by_any_sink() -> Result<()> {
         ("rust_sink", rust_wasm.as_path()),
         ("python_sink", Path::new(PYTHON_JSONL_SINK)),
         ("js_sink", Path::new(JS_JSONL_SINK)),
+        ("c_sink", Path::new(C_JSONL_SINK)),
     ] {
         let out = scratch.path().join(name);
         std::fs::create_dir_all(&out)?;
@@ -310,6 +320,7 @@ fn error_values_surface_with_the_plugin_name() -> Result<()> {
     for (name, filter, sink) in [
         ("py_filter", PYTHON_FILTER_ROWS, PYTHON_JSONL_SINK),
         ("js_filter", JS_FILTER_ROWS, JS_JSONL_SINK),
+        ("c_filter", C_FILTER_ROWS, C_JSONL_SINK),
     ] {
         // At open: an unknown column and an unknown key, each named.
         let err = open_filter(
@@ -398,7 +409,11 @@ fn every_comparison_keeps_the_rows_the_rust_filter_keeps() -> Result<()> {
     ] {
         let mut expected = open_filter(&engine, "rust", &rust_path, config, &batch)?;
         let want = expected.process(&batch, &info(0, 0))?;
-        for (name, wasm) in [("python", PYTHON_FILTER_ROWS), ("js", JS_FILTER_ROWS)] {
+        for (name, wasm) in [
+            ("python", PYTHON_FILTER_ROWS),
+            ("js", JS_FILTER_ROWS),
+            ("c", C_FILTER_ROWS),
+        ] {
             let mut t = open_filter(&engine, name, wasm, config, &batch)?;
             let got = t.process(&batch, &info(0, 0))?;
             ensure!(
@@ -412,6 +427,119 @@ fn every_comparison_keeps_the_rows_the_rust_filter_keeps() -> Result<()> {
             want.num_rows() < batch.num_rows() || config.contains("not_null"),
             "{config} filters nothing"
         );
+    }
+    Ok(())
+}
+
+/// orders → `plugin` (a running total of `amount` per `customer_id` that expires 20 s of event
+/// time after a customer's latest order, with a 5-second watermark) → JSON files, one batch per
+/// input file.
+fn running_total_pipeline(tag: &str, plugin: &str) -> String {
+    format!(
+        r#"
+[query]
+name = "totals_{tag}"
+checkpoint = "checkpoints/{tag}"
+trigger = "available-now"
+state_store = "rocksdb"
+
+[[source]]
+name = "orders"
+kind = "files"
+path = "data/orders"
+format = "json"
+schema = "{SCHEMA}"
+max_files_per_trigger = 1
+on_malformed = "drop"
+
+[[transform]]
+name = "running_total"
+plugin = "{plugin}"
+config = {{ key = "customer_id", value = "amount", event_time = "occurred_at", expire_after_ms = 20000 }}
+
+[watermark]
+column = "occurred_at"
+delay = "5 seconds"
+
+[sink]
+kind = "files"
+path = "out/{tag}"
+format = "json"
+"#
+    )
+}
+
+/// Every file a files sink wrote under `dir`, by name, with its bytes.
+fn written_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .context("file name")?
+            .to_string_lossy()
+            .into_owned();
+        if path.is_file() && !name.starts_with(['.', '_']) {
+            files.push((name, std::fs::read(&path)?));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[test]
+fn running_totals_are_byte_identical_in_every_language_across_a_kill() -> Result<()> {
+    let ws = Workspace::new(4, 200)?;
+    let rust_plugin = ws.path().join("plugins/running_total.wasm");
+    let file = ws.pipeline(
+        "rust.toml",
+        &running_total_pipeline("rust", &rust_plugin.display().to_string()),
+    )?;
+    run_ok(EXE, &cache(), &file, &[])?;
+    let expected = written_files(&ws.path().join("out/rust"))?;
+    let rows: usize = expected
+        .iter()
+        .map(|(_, bytes)| bytes.iter().filter(|b| **b == b'\n').count())
+        .sum();
+    ensure!(rows > 700, "too few rows: {rows}");
+    // The expiry happened, so the comparison covers it.
+    let removed: u64 = weir_tests::progress(&ws.path().join("checkpoints/rust"))?
+        .iter()
+        .flat_map(|p| p["stateOperators"].as_array().cloned().unwrap_or_default())
+        .map(|op| op["numRowsRemoved"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(removed > 0, "no total expired in the reference run");
+
+    for (lang, plugin) in [("python", PYTHON_RUNNING_TOTAL), ("js", JS_RUNNING_TOTAL)] {
+        // Uninterrupted, then killed in the transform of batch 2 and before the commit of
+        // batch 1, each restarted to the end.
+        for (tag, kill) in [
+            (lang.to_owned(), None),
+            (format!("{lang}_in_transform"), Some("in-transform@2")),
+            (format!("{lang}_before_commit"), Some("before-commit@1")),
+        ] {
+            let file = ws.pipeline(
+                &format!("{tag}.toml"),
+                &running_total_pipeline(&tag, plugin),
+            )?;
+            if let Some(failpoint) = kill {
+                run_killed_at(EXE, &cache(), &file, failpoint)?;
+                let done = commit_ids(&ws.path().join("checkpoints").join(&tag))?;
+                ensure!(done.len() < 4, "{tag}: killed after every commit: {done:?}");
+            }
+            run_ok(EXE, &cache(), &file, &[])?;
+            let got = written_files(&ws.path().join("out").join(&tag))?;
+            ensure!(
+                got == expected,
+                "{tag}: the files differ from Rust's ({} files, Rust {}; first differing: {:?})",
+                got.len(),
+                expected.len(),
+                got.iter()
+                    .zip(&expected)
+                    .find(|(a, b)| a != b)
+                    .map(|(a, _)| &a.0)
+            );
+        }
     }
     Ok(())
 }

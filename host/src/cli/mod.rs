@@ -138,6 +138,7 @@ enum PluginCommand {
     New {
         /// The project's folder; its last part is the plugin's name.
         dir: PathBuf,
+        /// rust, python or js.
         #[arg(long, default_value = "rust")]
         lang: String,
     },
@@ -146,8 +147,9 @@ enum PluginCommand {
         #[arg(default_value = ".")]
         dir: PathBuf,
     },
-    /// Run a transform or sink in the real host on batches of sample orders, and print what
-    /// came out and what it cost (time, fuel, memory).
+    /// Run a transform (stateful too, on a throw-away state store), a sink or a listener in
+    /// the real host on batches of sample orders, and print what came out and what it cost
+    /// (time, fuel, memory).
     Test {
         file: PathBuf,
         /// The plugin's config, as JSON.

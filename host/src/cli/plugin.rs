@@ -235,19 +235,52 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
         batches.len(),
         options.rows
     );
+    // A stateful transform's keyed state lives in a throw-away store, committed batch by
+    // batch as a query commits it, so that batch n sees what batch n-1 put.
+    let state_dir =
+        std::env::temp_dir().join(format!("weir-plugin-test-state-{}", std::process::id()));
     let usage = match found.world {
-        Some("transform") => {
+        Some(world @ ("transform" | "stateful-transform")) => {
             let mut t = WasmTransform::open(&engine, loaded, plugin_options, schema)
                 .map_err(|e| e.to_string())?;
+            if world == "stateful-transform" {
+                let state = crate::operator::wasm_state::KeyedState::open(
+                    &crate::operator::wasm_state::KeyedStateConfig {
+                        plugin: name.clone(),
+                        num_partitions: 1,
+                        state_dir: state_dir.clone(),
+                        state: crate::state::StateOptions {
+                            kind: crate::state::StoreKind::Memory,
+                            ..crate::state::StateOptions::default()
+                        },
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+                t.attach_state(state);
+            }
             for (n, batch) in batches.iter().enumerate() {
+                let batch_id = n as u64;
+                if let Some(state) = t.keyed_state_mut() {
+                    state
+                        .load(batch_id.checked_sub(1), 0)
+                        .map_err(|e| e.to_string())?;
+                }
                 let out = t
-                    .process(batch, &info(n as u64))
+                    .process(batch, &info(batch_id))
                     .map_err(|e| e.to_string())?;
                 text.push_str(&format!(
-                    "batch {n}: {} rows in, {} rows out\n",
+                    "batch {n}: {} rows in, {} rows out",
                     batch.num_rows(),
                     out.num_rows()
                 ));
+                if let Some(state) = t.keyed_state_mut() {
+                    let m = state.commit(batch_id).map_err(|e| e.to_string())?;
+                    text.push_str(&format!(
+                        ", state: {} keys ({} put, {} removed)",
+                        m.num_rows_total, m.num_rows_updated, m.num_rows_removed
+                    ));
+                }
+                text.push('\n');
                 if n == 0 {
                     let shown = out.slice(0, out.num_rows().min(10));
                     let table = arrow_cast::pretty::pretty_format_batches(&[shown])
@@ -267,13 +300,23 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
             }
             s.usage().clone()
         }
+        Some("listener") => {
+            let mut l = crate::plugin::WasmListener::open(&engine, loaded, plugin_options)
+                .map_err(|e| e.to_string())?;
+            for event in sample_events(&batches) {
+                l.notify(&event).map_err(|e| e.to_string())?;
+                text.push_str(&format!("{}: delivered\n", event.kind()));
+            }
+            l.usage().clone()
+        }
         Some(other) => {
             return Err(format!(
-                "a {other} plugin: `weir plugin test` runs transforms and sinks; run it in a pipeline"
+                "a {other} plugin: `weir plugin test` runs transforms (stateful too), sinks and listeners; run it in a pipeline"
             ));
         }
         None => return Err("not a plugin of any Weir world".into()),
     };
+    let _ = std::fs::remove_dir_all(&state_dir);
     let per_call = if usage.calls == 0 {
         0.0
     } else {
@@ -289,6 +332,50 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
         usage.memory_limit_bytes >> 20
     ));
     Ok(text)
+}
+
+/// What a listener hears of a query that runs the sample batches: started, one progress
+/// record per batch (the fields Spark's `StreamingQueryProgress` always has), idle, terminated.
+fn sample_events(batches: &[arrow_array::RecordBatch]) -> Vec<crate::plugin::QueryEvent> {
+    use crate::plugin::QueryEvent;
+    let id = "00000000-0000-4000-8000-000000000001".to_owned();
+    let run_id = "00000000-0000-4000-8000-000000000002".to_owned();
+    let mut events = vec![QueryEvent::Started {
+        id: id.clone(),
+        run_id: run_id.clone(),
+        name: "weir-plugin-test".into(),
+    }];
+    for (n, batch) in batches.iter().enumerate() {
+        let json = serde_json::json!({
+            "id": id,
+            "runId": run_id,
+            "name": "weir-plugin-test",
+            "timestamp": "2024-03-01T00:00:00.000Z",
+            "batchId": n,
+            "numInputRows": batch.num_rows(),
+            "inputRowsPerSecond": 0.0,
+            "processedRowsPerSecond": 0.0,
+            "durationMs": {"triggerExecution": 0},
+            "stateOperators": [],
+            "sources": [],
+            "sink": {"description": "weir plugin test", "numOutputRows": batch.num_rows()},
+        });
+        events.push(QueryEvent::Progress {
+            batch_id: n as u64,
+            json: json.to_string(),
+        });
+    }
+    events.push(QueryEvent::Idle {
+        id: id.clone(),
+        run_id: run_id.clone(),
+        timestamp: "2024-03-01T00:00:10.000Z".into(),
+    });
+    events.push(QueryEvent::Terminated {
+        id,
+        run_id,
+        error: None,
+    });
+    events
 }
 
 /// `count` batches of `rows` sample orders (1 line in 100 malformed, left out).
