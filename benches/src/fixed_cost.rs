@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{flag, median};
+use crate::{flag, median, wait_measured};
 
 const PIPELINE: &str = r#"
 [query]
@@ -75,21 +75,8 @@ fn run(dir: &Path) -> Result<(Duration, Duration, Duration)> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let pid = i32::try_from(child.id())?;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let wall = started.elapsed();
-    if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("weir run in {} failed (status {status})", dir.display());
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    Ok((tv(usage.ru_utime), tv(usage.ru_stime), wall))
+    let used = wait_measured(&child, started, &format!("weir run in {}", dir.display()))?;
+    Ok((used.user, used.system, used.wall))
 }
 
 /// Batches committed in the checkpoint of `dir`.

@@ -295,6 +295,45 @@ fn fresh(work: &Path, variant: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a child process used, as `wait4` reports it: its own CPU and peak RSS, not its
+/// parent's or its siblings'.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChildUsage {
+    pub user: Duration,
+    pub system: Duration,
+    pub wall: Duration,
+    pub max_rss_kb: i64,
+}
+
+/// Waits for `child`, started at `started`, and takes its resource usage; an exit other than 0
+/// fails, naming `what`.
+pub(crate) fn wait_measured(
+    child: &std::process::Child,
+    started: Instant,
+    what: &str,
+) -> Result<ChildUsage> {
+    let pid = i32::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = started.elapsed();
+    if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("{what} failed (status {status})");
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok(ChildUsage {
+        user: tv(usage.ru_utime),
+        system: tv(usage.ru_stime),
+        wall,
+        max_rss_kb: usage.ru_maxrss,
+    })
+}
+
 /// Runs one variant in a child process and takes its own rusage.
 fn measure(exe: &Path, work: &Path, cache: &Path, variant: &str) -> Result<Sample> {
     fresh(work, variant)?;
@@ -306,28 +345,16 @@ fn measure(exe: &Path, work: &Path, cache: &Path, variant: &str) -> Result<Sampl
         .arg(cache)
         .stdout(Stdio::piped())
         .spawn()?;
-    let pid = i32::try_from(child.id())?;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let wall = started.elapsed();
-    if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("{variant} run failed (status {status})");
-    }
+    let used = wait_measured(&child, started, variant)?;
     let mut out = String::new();
     if let Some(mut stdout) = child.stdout {
         std::io::Read::read_to_string(&mut stdout, &mut out)?;
     }
     let summary: serde_json::Value = serde_json::from_str(out.trim())?;
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
     Ok(Sample {
-        wall,
-        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
-        max_rss_kb: usage.ru_maxrss,
+        wall: used.wall,
+        cpu: used.user + used.system,
+        max_rss_kb: used.max_rss_kb,
         rows: summary["input_rows"].as_u64().unwrap_or(0),
     })
 }

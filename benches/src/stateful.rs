@@ -6,17 +6,18 @@
 //! harness's `measure.py`, which samples the python + JVM process tree
 //! (pyspark never waits for its JVM, so rusage would miss it). Both read the
 //! same files one per micro-batch and write Parquet. Spark runs with
-//! `--no-result` (its read-back of the sink would count as its CPU); Weir's
-//! result is checked against Spark's in the same run (output rows; for
-//! revenue also row for row against `--expect`, Spark's CSV of the reference
-//! harness on the same seeded input). Spark's JVM start-up is measured once
+//! `--no-result` (its read-back of the sink would count as its CPU), so the
+//! Spark runs timed here produce no result to compare with: Weir's result is
+//! checked against `--expect`, Spark's CSV made by an earlier run of the
+//! reference harness on the same seeded input (row for row for revenue and the
+//! joins; dedup by its largest state and output rows against RESULTS.md). Spark's JVM start-up is measured once
 //! (`--query startup`) so its rows per CPU-second are given both whole and
 //! net of start-up.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
@@ -406,19 +407,7 @@ fn weir_run(
         .env("WEIR_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;
-    let pid = i32::try_from(child.id())?;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let wall = started.elapsed();
-    if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("weir {query} run failed (status {status})");
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
+    let used = crate::wait_measured(&child, started, &format!("weir {query} run"))?;
     let progress = std::fs::read_to_string(dir.join("checkpoint").join("progress.jsonl"))?;
     let (mut rows, mut state_rows_max, mut output_rows) = (0, 0, 0);
     // The state's rows after each batch, for the plot of BENCHMARKS.md.
@@ -438,9 +427,9 @@ fn weir_run(
     }
     std::fs::write(work.join(format!("{query}-state.csv")), state_series)?;
     Ok(Run {
-        wall_s: wall.as_secs_f64(),
-        cpu_s: (tv(usage.ru_utime) + tv(usage.ru_stime)).as_secs_f64(),
-        peak_rss_mb: usage.ru_maxrss as f64 / 1024.0,
+        wall_s: used.wall.as_secs_f64(),
+        cpu_s: (used.user + used.system).as_secs_f64(),
+        peak_rss_mb: used.max_rss_kb as f64 / 1024.0,
         rows,
         state_bytes: du(&dir.join("checkpoint").join("state"), &mut HashSet::new())?,
         state_rows_max,

@@ -176,6 +176,15 @@ pub(super) fn test(file: &Path, options: TestOptions) -> ExitCode {
     }
 }
 
+/// A scratch folder removed however the test ends (an error returns early).
+struct ScratchDir(std::path::PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Fuel each call may burn in a test: enough for any honest batch of the sample size.
 const TEST_FUEL: u64 = 50_000_000_000;
 
@@ -237,8 +246,9 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
     );
     // A stateful transform's keyed state lives in a throw-away store, committed batch by
     // batch as a query commits it, so that batch n sees what batch n-1 put.
-    let state_dir =
-        std::env::temp_dir().join(format!("weir-plugin-test-state-{}", std::process::id()));
+    let scratch = ScratchDir(
+        std::env::temp_dir().join(format!("weir-plugin-test-state-{}", std::process::id())),
+    );
     let usage = match found.world {
         Some(world @ ("transform" | "stateful-transform")) => {
             let mut t = WasmTransform::open(&engine, loaded, plugin_options, schema)
@@ -248,7 +258,7 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
                     &crate::operator::wasm_state::KeyedStateConfig {
                         plugin: name.clone(),
                         num_partitions: 1,
-                        state_dir: state_dir.clone(),
+                        state_dir: scratch.0.clone(),
                         state: crate::state::StateOptions {
                             kind: crate::state::StoreKind::Memory,
                             ..crate::state::StateOptions::default()
@@ -316,7 +326,6 @@ fn run_test(file: &Path, options: TestOptions) -> Result<String, String> {
         }
         None => return Err("not a plugin of any Weir world".into()),
     };
-    let _ = std::fs::remove_dir_all(&state_dir);
     let per_call = if usage.calls == 0 {
         0.0
     } else {
