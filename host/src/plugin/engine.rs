@@ -303,12 +303,15 @@ impl PluginEngine {
             path: path.to_owned(),
             reason,
         };
-        let loaded = |component, cached| LoadedPlugin {
-            name: name.to_owned(),
-            path: path.to_owned(),
-            component,
-            sha256: sha256.clone(),
-            cached,
+        let loaded = |component, cached| {
+            prepare_memory_images(name, &component);
+            LoadedPlugin {
+                name: name.to_owned(),
+                path: path.to_owned(),
+                component,
+                sha256: sha256.clone(),
+                cached,
+            }
         };
         let compile =
             || Component::new(self.engine(), bytes).map_err(|e| compile_err(format!("{e:#}")));
@@ -347,6 +350,35 @@ impl PluginEngine {
             .precompile_compatibility_hash()
             .hash(&mut hasher);
         format!("{:016x}", hasher.finish())
+    }
+}
+
+/// Builds the component's copy-on-write memory images now, retrying a transient refusal.
+///
+/// On Linux wasmtime writes a module's initial memory into a memfd and seals it; the
+/// kernel refuses the write seal with `EBUSY` while another part of the kernel (page
+/// migration, compaction) briefly holds a reference to one of its pages, and wasmtime
+/// passes that refusal on as a failed instantiation. Building the images at load, with a
+/// few short retries, keeps that kernel transient from failing a plugin's batch; an image
+/// still refused is left for instantiation to build (wasmtime does not cache the failure).
+fn prepare_memory_images(plugin: &str, component: &Component) {
+    const ATTEMPTS: u32 = 6;
+    for attempt in 1..=ATTEMPTS {
+        let Err(e) = component.initialize_copy_on_write_image() else {
+            return;
+        };
+        let busy = e
+            .chain()
+            .filter_map(|cause| cause.downcast_ref::<std::io::Error>())
+            .any(|io| io.raw_os_error() == Some(libc::EBUSY));
+        if !busy || attempt == ATTEMPTS {
+            tracing::warn!(
+                plugin,
+                "cannot prepare the plugin's memory image yet ({e:#}); instantiation will try again"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5 << attempt));
     }
 }
 
