@@ -43,11 +43,12 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let query = flag(args, "--query").unwrap_or_else(|| "revenue".into());
     let runs: usize = flag(args, "--runs").map_or(Ok(2), |r| r.parse())?;
     let store = flag(args, "--store").unwrap_or_else(|| "rocksdb".into());
-    // Weir's dedup keys (Spark's query always uses order_id): a composite key
-    // such as `order_id,customer_id` keeps the same rows but one state entry
-    // per key, where one integer key is stored as integer sets.
-    let dedup_keys: Vec<String> = flag(args, "--dedup-keys")
-        .unwrap_or_else(|| "order_id".into())
+    // The dedup keys: one integer key (`order_id`, stored as integer sets), a
+    // composite key such as `order_id,customer_id` or a string key such as
+    // `session_id` (one state entry per key). Spark's side runs the same keys
+    // (benches/spark_dedup.py around the reference script).
+    let dedup_key_names = flag(args, "--dedup-keys").unwrap_or_else(|| "order_id".into());
+    let dedup_keys: Vec<String> = dedup_key_names
         .split(',')
         .map(|k| format!("{:?}", k.trim()))
         .collect();
@@ -130,7 +131,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
         );
         weir.push(w);
         if let (Some(py), Some(dir)) = (&spark_python, &spark_bench) {
-            let s = spark_run(py, dir, &work, &inputs, &query, run)?;
+            let s = spark_run(py, dir, &work, &inputs, &query, &dedup_key_names, run)?;
             eprintln!(
                 "spark run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows",
                 s.wall_s, s.cpu_s, s.peak_rss_mb, s.rows
@@ -583,14 +584,27 @@ fn spark_run(
     work: &Path,
     inputs: &Inputs,
     query: &str,
+    dedup_keys: &str,
     run: usize,
 ) -> Result<Run> {
     let (input, customers) = (&inputs.orders, &inputs.customers);
-    // The reference harness has no stream-stream join: this repository's script runs it.
-    let script = if query == "attribution" {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("spark_attribution.py")
-    } else {
-        bench.join("spark_revenue.py")
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The reference harness has no stream-stream join and deduplicates on order_id only:
+    // this repository's scripts run the others.
+    let mut script = bench.join("spark_revenue.py");
+    let mut wrapper = Vec::new();
+    if query == "attribution" {
+        script = here.join("spark_attribution.py");
+    } else if query == "dedup" && dedup_keys != "order_id" {
+        wrapper = vec![
+            here.join("spark_dedup.py").into_os_string(),
+            "--script".into(),
+            script.into_os_string(),
+            "--keys".into(),
+            dedup_keys.into(),
+            "--".into(),
+        ];
+        script = PathBuf::from(wrapper.remove(0));
     };
     let results = work.join("spark-results");
     std::fs::create_dir_all(&results)?;
@@ -604,6 +618,7 @@ fn spark_run(
             .arg("--")
             .arg(python)
             .arg(&script)
+            .args(&wrapper)
             .args(if query == "attribution" {
                 vec![]
             } else {

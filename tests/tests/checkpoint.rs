@@ -71,7 +71,7 @@ fn damaged_log_files_are_named_not_panicked_on() -> Result<()> {
     let checkpoint = ws.path().join("checkpoints/plain");
     for (victim, bytes) in [
         ("offsets/2", &b"v1\n{\"batchWatermarkMs\":0,\"batchTim"[..]),
-        ("sources/0/1", &b"garbage"[..]),
+        ("offsets/1", &b"garbage"[..]),
         ("metadata", &b""[..]),
         // The query's secret, cut short: refused naming it, never replaced by a new one.
         ("secret", &b"0123456789abcdef"[..]),
@@ -118,12 +118,12 @@ fn two_batches() -> Result<(Workspace, PathBuf, PathBuf, Vec<String>)> {
     Ok((ws, file, checkpoint, output))
 }
 
-/// Rewrites the first file of the source log entry `entry` with `edit`.
+/// Rewrites the first file that the offsets entry `entry` records for the first source with `edit`.
 fn edit_entry(entry: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> Result<()> {
     let text = std::fs::read_to_string(entry)?;
     let json = text.strip_prefix("v1\n").context("entry version line")?;
     let mut value: serde_json::Value = serde_json::from_str(json.trim_end())?;
-    edit(&mut value["files"][0]);
+    edit(&mut value["sources"][0]["files"][0]);
     std::fs::write(entry, format!("v1\n{value}\n"))?;
     Ok(())
 }
@@ -165,12 +165,13 @@ fn refused(
 }
 
 #[test]
-fn a_source_log_naming_a_file_outside_the_folder_is_refused_and_nothing_is_read() -> Result<()> {
+fn an_offsets_entry_naming_a_file_outside_the_folder_is_refused_and_nothing_is_read() -> Result<()>
+{
     let (ws, file, checkpoint, output) = two_batches()?;
     let outside = ws.path().join("outside/rows.json");
     std::fs::create_dir_all(ws.path().join("outside"))?;
     std::fs::write(&outside, OUTSIDE_ROWS)?;
-    let entry = checkpoint.join("sources/0/1");
+    let entry = checkpoint.join("offsets/1");
     let commit = checkpoint.join("commits/1");
     let (original_entry, original_commit) = (std::fs::read(&entry)?, std::fs::read(&commit)?);
     let absolute = outside.to_str().context("utf-8 path")?.to_owned();
@@ -209,7 +210,7 @@ fn a_source_log_naming_a_file_outside_the_folder_is_refused_and_nothing_is_read(
 #[test]
 fn a_recorded_size_above_the_file_is_refused() -> Result<()> {
     let (ws, file, checkpoint, output) = two_batches()?;
-    let entry = checkpoint.join("sources/0/1");
+    let entry = checkpoint.join("offsets/1");
     let commit = checkpoint.join("commits/1");
     let data = ws.path().join("data/orders/orders-00001.json");
     let len = std::fs::metadata(&data)?.len();
@@ -267,6 +268,27 @@ fn batch_ids_near_u64_max_are_refused_not_overflowed() -> Result<()> {
         checkpoint.join("commits/1"),
         checkpoint.join("commits").join(last),
     )?;
+    // The source log holds every file taken by then (batches 2.. took none).
+    let mut files = Vec::new();
+    for n in 0..2 {
+        let text = std::fs::read_to_string(checkpoint.join(format!("offsets/{n}")))?;
+        let entry: serde_json::Value = serde_json::from_str(
+            text.strip_prefix("v1\n")
+                .context("version line")?
+                .trim_end(),
+        )?;
+        files.extend(
+            entry["sources"][0]["files"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    std::fs::create_dir_all(checkpoint.join("sources/0"))?;
+    std::fs::write(
+        checkpoint.join("sources/0").join(last),
+        format!("v1\n{}\n", serde_json::json!({ "files": files })),
+    )?;
     std::fs::write(
         ws.path().join("data/orders/orders-99999.json"),
         OUTSIDE_ROWS,
@@ -274,7 +296,7 @@ fn batch_ids_near_u64_max_are_refused_not_overflowed() -> Result<()> {
     refused(
         &ws,
         &file,
-        &checkpoint.join("sources/0/9223372036854775808"),
+        &checkpoint.join("offsets/9223372036854775808"),
         "batch id 9223372036854775808 would be above the largest batch id",
         &output,
     )?;

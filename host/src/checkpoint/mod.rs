@@ -14,7 +14,8 @@
 //!                 `secret_since` on (see `secret` and `plugin::replay`)
 //! offsets/<N>     write-ahead log entry for batch N, written before batch N runs
 //! commits/<N>     batch N finished
-//! sources/<i>/<N> per-source log entries
+//! sources/<i>/<N> per-source log entries (a files source: the files taken since its previous
+//!                 entry, one entry per 50 batches; the batches since list theirs in offsets/N)
 //! state/<op>/     state stores of stateful operator <op> (handed out by `state_dir`)
 //! sinks/<sink>/   a sink's own recovery records, e.g. `sinks/delta/pending/` (`sink_dir`)
 //! progress.jsonl  one JSON progress record per batch

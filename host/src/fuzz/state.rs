@@ -35,6 +35,7 @@ fn options() -> StateOptions {
         kind: StoreKind::Memory,
         snapshot_interval: 2,
         min_versions_to_retain: 10,
+        snapshot_min_bytes: 0,
     }
 }
 
@@ -234,6 +235,7 @@ fn fuzz_state_model_round_trip() {
             kind: StoreKind::Memory,
             snapshot_interval: interval,
             min_versions_to_retain: 10,
+            snapshot_min_bytes: 0,
         };
         let mut models = vec![BTreeMap::new()];
         {

@@ -294,6 +294,7 @@ mod tests {
                 kind,
                 snapshot_interval: 2,
                 min_versions_to_retain: 3,
+                snapshot_min_bytes: 0,
             },
         })
         .unwrap()

@@ -62,6 +62,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const LISTENERS_GRACE: Duration = Duration::from_secs(5);
 /// Offsets and commits kept for inspection (Spark's `minBatchesToRetain`).
 const BATCHES_TO_RETAIN: u64 = 100;
+// A files source keeps the file lists of up to this many batches in `offsets/N` only.
+const _: () = assert!(crate::source::files::LOG_EVERY < BATCHES_TO_RETAIN);
 
 /// A source of time, so that tests control batch timestamps.
 pub trait Clock: Send + Sync {

@@ -1,15 +1,25 @@
 //! A folder of files as a stream, like Spark's file source: each batch takes
 //! the files not seen before, oldest modification time first (then by
 //! name), at most `max_files_per_trigger` of them. The files a batch takes
-//! are written to the source's log in the checkpoint before the batch runs,
-//! so that a replay reads exactly the same files — and the same bytes: the
-//! size recorded then is what is read, even if a file grew since.
+//! are recorded in its `offsets/N` entry before the batch runs, so that a
+//! replay reads exactly the same files — and the same bytes: the size
+//! recorded then is what is read, even if a file grew since.
+//!
+//! Which files were ever taken must outlive the offsets log, which keeps only
+//! the last 100 batches: every [`LOG_EVERY`] batches the source writes the
+//! files taken since its previous entry to its own log (`sources/<i>/<N>`).
+//! Opening reads that log and the offsets entries after its last entry. Spark
+//! writes a source log entry every batch (and compacts the log every ten); one
+//! entry per fifty batches spares a batch a file to create, fsync and later
+//! delete, the largest part of a small batch's cost (BENCHMARKS.md §11).
+//! A checkpoint written before the lists moved to `offsets/N` has a source
+//! log entry for every batch, and reads as before.
 //!
 //! JSON-lines and CSV files are decoded line by line ([`Decoder`]); Parquet files whole
 //! ([`ParquetDecoder`]), from the recorded bytes too (a Parquet file rewritten since no longer
 //! reads as one, and fails the batch naming it).
 //!
-//! The log is input like any other: an entry naming a file outside the
+//! The lists are input like any other: an entry naming a file outside the
 //! folder (a path, `..`), a file twice, or more bytes than the file holds is
 //! refused as [`CheckpointError::Corrupt`] naming the entry, before anything
 //! is read.
@@ -37,7 +47,16 @@ pub struct FileEntry {
     pub mtime_ms: i64,
 }
 
-/// The source log entry of one batch (`sources/<i>/<N>`).
+/// How many batches may take files before the source log gets an entry; below the
+/// query's offsets retention, so that no file list is only in a purged entry.
+pub(crate) const LOG_EVERY: u64 = 50;
+
+/// The key of a files source's part of `offsets/N` that lists the batch's files.
+const RECORDED_FILES: &str = "files";
+
+/// A source log entry (`sources/<i>/<N>`): the files taken by the batches since the
+/// previous entry, up to and including batch N (before the lists moved to `offsets/N`:
+/// by batch N alone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesLogEntry {
     pub files: Vec<FileEntry>,
@@ -289,6 +308,9 @@ pub struct FilesSource {
     /// The bytes of the file being decoded, kept between batches: a fresh
     /// buffer per file costs a page fault per 4 KB read.
     buf: Vec<u8>,
+    /// Files taken since the last source log entry, and by how many batches.
+    unlogged: Vec<FileEntry>,
+    batches_unlogged: u64,
 }
 
 /// A read buffer larger than this is released after its batch.
@@ -347,12 +369,14 @@ impl FilesSource {
     }
 
     /// Opens the source, learning from the checkpoint which files earlier
-    /// batches took. Log entries past `last_planned` (a crash between writing
-    /// the source log and the offsets log) are dropped: that batch was never
-    /// planned, so its files are not seen.
+    /// batches took: the source log, then the offsets entries after its last
+    /// entry. Log entries past `last_planned` (a crash between writing the
+    /// source log and the offsets log) are dropped: that batch was never
+    /// planned, and the batches before it keep their lists in `offsets/N`.
     ///
     /// # Errors
-    /// When the source log cannot be read.
+    /// When the source log or an offsets entry cannot be read, or a batch's
+    /// files are recorded in neither.
     #[allow(
         clippy::too_many_arguments,
         reason = "one call site (source::open); each is a distinct setting"
@@ -369,6 +393,7 @@ impl FilesSource {
     ) -> Result<Self, SourceError> {
         let log = checkpoint.source_log(index);
         let mut seen = HashSet::new();
+        let mut last_logged = None;
         for id in log.ids()? {
             if last_planned.is_none_or(|last| id > last) {
                 log.remove(id)?;
@@ -378,6 +403,40 @@ impl FilesSource {
             if let Some(entry) = entry {
                 entry.check(&log.entry_path(id))?;
                 seen.extend(entry.files.into_iter().map(|f| f.name));
+            }
+            last_logged = Some(id);
+        }
+        let mut unlogged = Vec::new();
+        let mut batches_unlogged = 0;
+        let first = last_logged.map_or(0, |l: u64| l.saturating_add(1));
+        if let Some(last) = last_planned.filter(|&last| last >= first) {
+            let offsets = checkpoint.offsets();
+            let ids: Vec<u64> = offsets
+                .ids()?
+                .into_iter()
+                .filter(|id| (first..=last).contains(id))
+                .collect();
+            // Every batch after the last log entry has its offsets entry (they are
+            // retained for longer than LOG_EVERY batches).
+            if ids.len() as u64 != last - first + 1 {
+                let missing = (first..)
+                    .zip(&ids)
+                    .find(|(want, got)| want != *got)
+                    .map_or(first + ids.len() as u64, |(want, _)| want);
+                return Err(CheckpointError::corrupt(
+                    &offsets.entry_path(missing),
+                    format!(
+                        "batch {missing} was planned, but neither this offsets entry nor the \
+                         source log of {name:?} records its files"
+                    ),
+                )
+                .into());
+            }
+            for id in ids {
+                let files = recorded_files(checkpoint, index, id, &name)?;
+                seen.extend(files.iter().map(|f| f.name.clone()));
+                unlogged.extend(files);
+                batches_unlogged += 1;
             }
         }
         Ok(Self {
@@ -392,6 +451,8 @@ impl FilesSource {
             frozen: None,
             backlog: 0,
             buf: Vec::new(),
+            unlogged,
+            batches_unlogged,
         })
     }
 
@@ -407,7 +468,8 @@ impl FilesSource {
         })
     }
 
-    /// The files batch `batch_id` took, from the source log, and the log
+    /// The files batch `batch_id` took, from its offsets entry (`recorded`) or, in a
+    /// checkpoint written before the lists moved there, from the source log; and the
     /// entry's file.
     ///
     /// # Errors
@@ -417,7 +479,16 @@ impl FilesSource {
         &self,
         checkpoint: &Checkpoint,
         batch_id: u64,
+        recorded: &Recorded,
     ) -> Result<(Vec<FileEntry>, PathBuf), SourceError> {
+        if let Some(files) = recorded.get(RECORDED_FILES) {
+            let path = checkpoint.offsets().entry_path(batch_id);
+            let entry = FilesLogEntry {
+                files: parse_files(files, &path, &self.name)?,
+            };
+            entry.check(&path)?;
+            return Ok((entry.files, path));
+        }
         let log = checkpoint.source_log(self.index);
         let path = log.entry_path(batch_id);
         let entry: FilesLogEntry = log.get(batch_id)?.ok_or_else(|| SourceError::MissingLog {
@@ -466,23 +537,43 @@ impl Source for FilesSource {
     }
 
     fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<Recorded, SourceError> {
-        let entry = FilesLogEntry {
-            files: std::mem::take(&mut self.staged),
-        };
-        checkpoint.source_log(self.index).put(batch_id, &entry)?;
-        // The entry is written: only now are its files taken.
-        self.backlog = self.backlog.saturating_sub(entry.files.len());
-        self.seen.extend(entry.files.into_iter().map(|f| f.name));
-        Ok(Recorded::new())
+        let files = std::mem::take(&mut self.staged);
+        let mut recorded = Recorded::new();
+        recorded.insert(
+            RECORDED_FILES.into(),
+            serde_json::Value::Array(
+                files
+                    .iter()
+                    .map(|f| serde_json::json!({ "name": f.name, "size": f.size, "mtime_ms": f.mtime_ms }))
+                    .collect(),
+            ),
+        );
+        if self.batches_unlogged + 1 >= LOG_EVERY {
+            let mut taken = self.unlogged.clone();
+            taken.extend(files.iter().cloned());
+            checkpoint
+                .source_log(self.index)
+                .put(batch_id, &FilesLogEntry { files: taken })?;
+            self.unlogged.clear();
+            self.batches_unlogged = 0;
+        } else {
+            self.unlogged.extend(files.iter().cloned());
+            self.batches_unlogged += 1;
+        }
+        // Only now are its files taken (the query writes `offsets/N` next; a crash
+        // before that forgets them again at open).
+        self.backlog = self.backlog.saturating_sub(files.len());
+        self.seen.extend(files.into_iter().map(|f| f.name));
+        Ok(recorded)
     }
 
     fn read(
         &mut self,
         checkpoint: &Checkpoint,
         batch_id: u64,
-        _recorded: &Recorded,
+        recorded: &Recorded,
     ) -> Result<SourceBatch, SourceError> {
-        let (files, entry) = self.planned(checkpoint, batch_id)?;
+        let (files, entry) = self.planned(checkpoint, batch_id, recorded)?;
         let mut decoded = Decoded::default();
         let mut buf = std::mem::take(&mut self.buf);
         let result = self.read_files(&files, &entry, batch_id, &mut buf, &mut decoded);
@@ -516,6 +607,51 @@ enum ReadError {
     TooLarge(u64),
     /// The file held enough bytes when opened but fewer (this many) were read.
     Short(u64),
+}
+
+/// The files that `offsets/<batch_id>` records for source `index`.
+fn recorded_files(
+    checkpoint: &Checkpoint,
+    index: usize,
+    batch_id: u64,
+    name: &str,
+) -> Result<Vec<FileEntry>, SourceError> {
+    let offsets = checkpoint.offsets();
+    let path = offsets.entry_path(batch_id);
+    let entry: serde_json::Value = offsets.get(batch_id)?.unwrap_or_default();
+    let files = entry
+        .get("sources")
+        .and_then(|s| s.get(index))
+        .and_then(|s| s.get(RECORDED_FILES))
+        .ok_or_else(|| {
+            CheckpointError::corrupt(
+                &path,
+                format!(
+                    "it records no files for source {name:?}, and the source log has no entry \
+                     for batch {batch_id}"
+                ),
+            )
+        })?;
+    let entry = FilesLogEntry {
+        files: parse_files(files, &path, name)?,
+    };
+    entry.check(&path)?;
+    Ok(entry.files)
+}
+
+/// A recorded list of files, or why `path` does not hold one.
+fn parse_files(
+    files: &serde_json::Value,
+    path: &Path,
+    name: &str,
+) -> Result<Vec<FileEntry>, SourceError> {
+    Vec::<FileEntry>::deserialize(files).map_err(|e| {
+        CheckpointError::corrupt(
+            path,
+            format!("the files of source {name:?} are not a list of files: {e}"),
+        )
+        .into()
+    })
 }
 
 /// Reads the first `size` bytes of `path` into `buf`. The size comes from
@@ -555,8 +691,37 @@ mod tests {
         let checkpoint = Checkpoint::open(&dir.join("cp")).unwrap();
         let mut source = open(dir, &checkpoint, None).unwrap();
         assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
-        source.record(&checkpoint, 0).unwrap();
+        plan(&mut source, &checkpoint, 0);
         checkpoint
+    }
+
+    /// Records batch `n` and writes its offsets entry, as the query does.
+    fn plan(source: &mut FilesSource, checkpoint: &Checkpoint, n: u64) {
+        let recorded = source.record(checkpoint, n).unwrap();
+        checkpoint
+            .offsets()
+            .put(n, &serde_json::json!({ "sources": [recorded] }))
+            .unwrap();
+    }
+
+    /// What batch `n`'s offsets entry records for the source.
+    fn recorded(checkpoint: &Checkpoint, n: u64) -> Recorded {
+        let entry: serde_json::Value = checkpoint.offsets().get(n).unwrap().unwrap();
+        serde_json::from_value(entry["sources"][0].clone()).unwrap()
+    }
+
+    /// Edits the files that batch 0's offsets entry records; returns the entry's path.
+    fn edit_files(checkpoint: &Checkpoint, edit: impl FnOnce(&mut Vec<FileEntry>)) -> PathBuf {
+        let offsets = checkpoint.offsets();
+        let mut entry: serde_json::Value = offsets.get(0).unwrap().unwrap();
+        let mut files: Vec<FileEntry> =
+            serde_json::from_value(entry["sources"][0]["files"].clone()).unwrap();
+        edit(&mut files);
+        entry["sources"][0]["files"] = serde_json::to_value(files).unwrap();
+        let path = offsets.entry_path(0);
+        std::fs::remove_file(&path).unwrap();
+        offsets.put(0, &entry).unwrap();
+        path
     }
 
     fn open(
@@ -577,18 +742,14 @@ mod tests {
         )
     }
 
-    /// Rewrites the name and size of the first file of batch 0's log entry.
+    /// Rewrites the name and size of the first file that batch 0 records.
     fn tamper(checkpoint: &Checkpoint, name: &str, size: Option<u64>) -> PathBuf {
-        let log = checkpoint.source_log(0);
-        let mut entry: FilesLogEntry = log.get(0).unwrap().unwrap();
-        entry.files[0].name = name.to_owned();
-        if let Some(size) = size {
-            entry.files[0].size = size;
-        }
-        let path = log.entry_path(0);
-        std::fs::remove_file(&path).unwrap();
-        log.put(0, &entry).unwrap();
-        path
+        edit_files(checkpoint, |files| {
+            files[0].name = name.to_owned();
+            if let Some(size) = size {
+                files[0].size = size;
+            }
+        })
     }
 
     fn assert_corrupt(err: &SourceError, entry: &Path, reason: &str) {
@@ -617,7 +778,9 @@ mod tests {
             // Opened before the damage: reading the entry refuses it.
             let mut source = open(dir.path(), &checkpoint, Some(0)).unwrap();
             let entry = tamper(&checkpoint, name, None);
-            let err = source.read(&checkpoint, 0, &Recorded::new()).unwrap_err();
+            let err = source
+                .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+                .unwrap_err();
             assert_corrupt(&err, &entry, reason);
             assert!(err.to_string().contains(&format!("{name:?}")), "{err}");
             // Opened after it: refused before anything is read.
@@ -627,16 +790,89 @@ mod tests {
     }
 
     #[test]
+    fn the_source_log_keeps_what_the_purged_offsets_entries_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        let mut source = open(dir.path(), &checkpoint, None).unwrap();
+        let batches = LOG_EVERY * 2 + 7;
+        for n in 0..batches {
+            std::fs::write(input.join(format!("f{n:04}.json")), "{\"id\":1}\n").unwrap();
+            assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
+            plan(&mut source, &checkpoint, n);
+        }
+        // One log entry per LOG_EVERY batches, holding the files of all of them.
+        let log = checkpoint.source_log(0);
+        assert_eq!(log.ids().unwrap(), [LOG_EVERY - 1, LOG_EVERY * 2 - 1]);
+        let entry: FilesLogEntry = log.get(LOG_EVERY * 2 - 1).unwrap().unwrap();
+        assert_eq!(entry.files.len() as u64, LOG_EVERY);
+        assert_eq!(entry.files[0].name, format!("f{LOG_EVERY:04}.json"));
+        // The offsets entries before the last log entry purged, a reopened source still
+        // knows every file taken and takes only the new one.
+        checkpoint.offsets().purge_before(LOG_EVERY * 2).unwrap();
+        std::fs::write(input.join("new.json"), "{\"id\":2}\n").unwrap();
+        let mut reopened = open(dir.path(), &checkpoint, Some(batches - 1)).unwrap();
+        assert_eq!(reopened.poll(&checkpoint, false).unwrap(), 1);
+        assert_eq!(reopened.staged[0].name, "new.json");
+        // Its next log entry comes LOG_EVERY batches after the last one, with all seven
+        // batches since.
+        for n in batches..LOG_EVERY * 3 {
+            plan(&mut reopened, &checkpoint, n);
+            reopened.poll(&checkpoint, false).unwrap();
+        }
+        let entry: FilesLogEntry = log.get(LOG_EVERY * 3 - 1).unwrap().unwrap();
+        assert_eq!(entry.files.len(), 8);
+        // A planned batch after the last log entry without its offsets entry: refused.
+        std::fs::remove_file(checkpoint.offsets().entry_path(LOG_EVERY * 3)).ok();
+        let last = LOG_EVERY * 3 + 1;
+        let err = open(dir.path(), &checkpoint, Some(last)).unwrap_err();
+        assert_corrupt(
+            &err,
+            &checkpoint.offsets().entry_path(LOG_EVERY * 3),
+            "neither this offsets entry nor the source log",
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_with_a_log_entry_per_batch_reads_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("in")).unwrap();
+        std::fs::write(dir.path().join("in/a.json"), "{\"id\":1}\n").unwrap();
+        std::fs::write(dir.path().join("in/b.json"), "{\"id\":2}\n").unwrap();
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        let entry = |name: &str| FilesLogEntry {
+            files: vec![FileEntry {
+                name: name.into(),
+                size: 9,
+                mtime_ms: 0,
+            }],
+        };
+        // What an earlier Weir wrote for batch 0: the list in the log, none in offsets.
+        checkpoint.source_log(0).put(0, &entry("a.json")).unwrap();
+        checkpoint
+            .offsets()
+            .put(
+                0,
+                &serde_json::json!({ "sources": [{ "name": "orders", "logOffset": 0 }] }),
+            )
+            .unwrap();
+        let mut source = open(dir.path(), &checkpoint, Some(0)).unwrap();
+        let read = source
+            .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+            .unwrap();
+        assert_eq!(read.decoded.num_input_rows, 1);
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
+        assert_eq!(source.staged[0].name, "b.json");
+    }
+
+    #[test]
     fn a_file_listed_twice_is_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         let checkpoint = setup(dir.path());
-        let log = checkpoint.source_log(0);
-        let mut entry: FilesLogEntry = log.get(0).unwrap().unwrap();
-        entry.files.push(entry.files[0].clone());
-        std::fs::remove_file(log.entry_path(0)).unwrap();
-        log.put(0, &entry).unwrap();
+        let entry = edit_files(&checkpoint, |files| files.push(files[0].clone()));
         let err = open(dir.path(), &checkpoint, Some(0)).unwrap_err();
-        assert_corrupt(&err, &log.entry_path(0), "\"a.json\" is listed twice");
+        assert_corrupt(&err, &entry, "\"a.json\" is listed twice");
     }
 
     #[test]
@@ -644,11 +880,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let checkpoint = setup(dir.path());
         let mut source = open(dir.path(), &checkpoint, Some(0)).unwrap();
-        let rows = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        let rows = source
+            .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+            .unwrap();
         assert_eq!(rows.decoded.num_input_rows, 2);
         for size in [19, u64::MAX] {
             let entry = tamper(&checkpoint, "a.json", Some(size));
-            let err = source.read(&checkpoint, 0, &Recorded::new()).unwrap_err();
+            let err = source
+                .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+                .unwrap_err();
             assert_corrupt(
                 &err,
                 &entry,
@@ -661,7 +901,9 @@ mod tests {
         }
         // A smaller size reads that prefix only (the file grew since).
         tamper(&checkpoint, "a.json", Some(9));
-        let rows = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        let rows = source
+            .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+            .unwrap();
         assert_eq!(rows.decoded.num_input_rows, 1);
     }
 
@@ -735,8 +977,10 @@ mod tests {
         .unwrap();
         assert_eq!(source.schema().fields().len(), 1);
         assert_eq!(source.poll(&checkpoint, false).unwrap(), 2);
-        source.record(&checkpoint, 0).unwrap();
-        let read = source.read(&checkpoint, 0, &Recorded::new()).unwrap();
+        plan(&mut source, &checkpoint, 0);
+        let read = source
+            .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+            .unwrap();
         assert_eq!(read.decoded.num_input_rows, 3);
         assert_eq!(read.decoded.num_malformed, 0);
         let ids: Vec<i64> = read
@@ -753,8 +997,10 @@ mod tests {
         // A file that is not Parquet fails its batch, naming it.
         std::fs::write(input.join("c.parquet"), "{\"id\":4}\n").unwrap();
         assert_eq!(source.poll(&checkpoint, false).unwrap(), 1);
-        source.record(&checkpoint, 1).unwrap();
-        let err = source.read(&checkpoint, 1, &Recorded::new()).unwrap_err();
+        plan(&mut source, &checkpoint, 1);
+        let err = source
+            .read(&checkpoint, 1, &recorded(&checkpoint, 1))
+            .unwrap_err();
         assert!(matches!(err, SourceError::Decode { .. }), "{err}");
         let named = format!(
             "cannot read {} as Parquet",

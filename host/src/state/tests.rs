@@ -9,6 +9,7 @@ fn options(kind: StoreKind) -> StateOptions {
         kind,
         snapshot_interval: 3,
         min_versions_to_retain: 4,
+        snapshot_min_bytes: 0,
     }
 }
 
@@ -145,6 +146,60 @@ fn snapshots_bound_the_files_kept_and_the_changelogs_replayed() {
         reopened.load(Some(59)).unwrap();
         assert_eq!(reopened.metrics().num_rows_total, 60);
         assert_eq!(all(&reopened).len(), 60);
+    }
+}
+
+#[test]
+fn a_snapshot_waits_for_enough_changelog_bytes_or_ten_intervals() {
+    let snapshots_while = |store: &mut StateStore, versions: std::ops::Range<u64>, value: &[u8]| {
+        let mut at = Vec::new();
+        for v in versions {
+            store.put(&v.to_be_bytes(), value).unwrap();
+            store.commit(v).unwrap();
+            if store.loadable_versions().0.contains(&v) {
+                at.push(v);
+            }
+        }
+        at
+    };
+    for kind in both() {
+        // Each version writes a 1,000-byte value: the threshold of 5,000 bytes is met
+        // five versions after a snapshot, later than the interval of 3.
+        let dir = tempfile::tempdir().unwrap();
+        let options = StateOptions {
+            snapshot_min_bytes: 5_000,
+            ..options(kind)
+        };
+        let mut store = StateStore::open(dir.path(), &options).unwrap();
+        store.load(None).unwrap();
+        assert_eq!(
+            snapshots_while(&mut store, 0..12, &[7; 1000]),
+            [4, 9],
+            "{kind}"
+        );
+        // Reopened at 11, the store counts the changelogs of 10 and 11 again.
+        drop(store);
+        let mut store = StateStore::open(dir.path(), &options).unwrap();
+        store.load(Some(11)).unwrap();
+        assert_eq!(
+            snapshots_while(&mut store, 12..16, &[7; 1000]),
+            [14],
+            "{kind}"
+        );
+
+        // Tiny changelogs: a snapshot every ten intervals (30 versions).
+        let dir = tempfile::tempdir().unwrap();
+        let options = StateOptions {
+            snapshot_min_bytes: u64::MAX,
+            ..options
+        };
+        let mut store = StateStore::open(dir.path(), &options).unwrap();
+        store.load(None).unwrap();
+        assert_eq!(snapshots_while(&mut store, 0..65, b"x"), [29, 59], "{kind}");
+        drop(store);
+        let mut store = StateStore::open(dir.path(), &options).unwrap();
+        store.load(Some(64)).unwrap();
+        assert_eq!(all(&store).len(), 65, "{kind}");
     }
 }
 

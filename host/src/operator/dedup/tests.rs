@@ -427,6 +427,7 @@ fn the_integer_set_layout_keeps_what_a_set_of_keys_keeps() {
         let mut cfg = config(dir.path(), &["order_id"], true);
         cfg.state.kind = kind;
         cfg.state.snapshot_interval = 3;
+        cfg.state.snapshot_min_bytes = 0;
         let mut op = open(cfg.clone(), None);
         assert!(
             op.int_key.is_some(),
@@ -558,6 +559,7 @@ where
         let mut cfg = config(dir.path(), &["k"], false);
         cfg.state.kind = kind;
         cfg.state.snapshot_interval = 3;
+        cfg.state.snapshot_min_bytes = 0;
         let open = |version: Option<u64>| {
             let mut op = DedupOperator::new(cfg.clone(), &schema).expect("valid config");
             op.load(version).expect("state loads");
