@@ -695,8 +695,9 @@ fn fuzz_checkpoint_reader() {
 const OUTSIDE_ID: i64 = 666;
 
 /// `dir/in` with two files, `dir/outside.json`, and a checkpoint in `dir/cp` whose batch 0 took
-/// both files.
-fn files_setup(dir: &Path) -> Checkpoint {
+/// both files: listed in `offsets/0` as the query plans a batch, or (`old_layout`) in the source
+/// log entry `sources/0/0`, as a Weir before the lists moved to `offsets/N` wrote them.
+fn files_setup(dir: &Path, old_layout: bool) -> Checkpoint {
     std::fs::create_dir_all(dir.join("in")).expect("input folder");
     std::fs::write(dir.join("in/a.json"), "{\"id\":1}\n{\"id\":2}\n").expect("a.json");
     std::fs::write(dir.join("in/b.json"), "{\"id\":3}\n").expect("b.json");
@@ -712,9 +713,31 @@ fn files_setup(dir: &Path) -> Checkpoint {
     )
     .expect("c.json");
     let checkpoint = Checkpoint::open(&dir.join("cp")).expect("checkpoint");
-    let mut source = open_files_source(dir, &checkpoint).expect("source opens");
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let mut source = FilesSource::open(
+        "orders".into(),
+        0,
+        dir.join("in"),
+        None,
+        Decoder::new(schema, DecoderOptions::default()).expect("decoder"),
+        None,
+        &checkpoint,
+        None,
+    )
+    .expect("source opens");
     assert_eq!(source.poll(&checkpoint, false).expect("poll"), 2);
-    source.record(&checkpoint, 0).expect("record");
+    let mut recorded = source.record(&checkpoint, 0).expect("record");
+    if old_layout {
+        let files = recorded.remove("files").expect("the files are recorded");
+        checkpoint
+            .source_log(0)
+            .put(0, &json!({ "files": files }))
+            .expect("source log");
+    }
+    checkpoint
+        .offsets()
+        .put(0, &json!({ "sources": [recorded] }))
+        .expect("offsets");
     checkpoint
 }
 
@@ -735,6 +758,13 @@ fn open_files_source(
     )
 }
 
+/// What `offsets/0` records for the source, as the query hands it to `read`; `None` when
+/// the entry does not parse that far (the query refuses it before the source sees it).
+fn recorded_at_0(checkpoint: &Checkpoint) -> Option<Recorded> {
+    let entry: Value = checkpoint.offsets().get(0).ok()??;
+    serde_json::from_value(entry.get("sources")?.get(0)?.clone()).ok()
+}
+
 fn ids_read(batches: &[RecordBatch]) -> Vec<i64> {
     batches
         .iter()
@@ -748,28 +778,46 @@ fn ids_read(batches: &[RecordBatch]) -> Vec<i64> {
         .collect()
 }
 
-#[test]
-fn fuzz_files_source_log() {
+/// Damaged or arbitrary file lists, in `offsets/0` or (`old_layout`) in the source log: the
+/// source refuses them or reads only the folder's own files.
+fn fuzz_files_lists(old_layout: bool) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let checkpoint = files_setup(dir.path());
-    let entry = checkpoint.source_log(0).entry_path(0);
-    let valid: Value = checkpoint
-        .source_log(0)
-        .get(0)
-        .expect("entry")
-        .expect("exists");
+    let checkpoint = files_setup(dir.path(), old_layout);
+    let entry = if old_layout {
+        checkpoint.source_log(0).entry_path(0)
+    } else {
+        checkpoint.offsets().entry_path(0)
+    };
+    let valid: Value = serde_json::from_slice(
+        std::fs::read(&entry)
+            .expect("entry")
+            .strip_prefix(b"v1\n")
+            .expect("version line"),
+    )
+    .expect("JSON");
+    let wrap = move |e: FilesLogEntry| {
+        let files = serde_json::to_value(e.files).expect("JSON");
+        if old_layout {
+            json!({ "files": files })
+        } else {
+            json!({ "sources": [{ "files": files }] })
+        }
+    };
     let strategy = prop_oneof![
         3 => damage().prop_map(|d| damaged_entry(&valid, &d)),
-        1 => files_entry().prop_map(|e| entry_bytes(&serde_json::to_value(e).expect("JSON"))),
+        1 => files_entry().prop_map(move |e| entry_bytes(&wrap(e))),
     ];
     let read = Reach::default();
     run(600, strategy, |bytes| {
         std::fs::write(&entry, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let Some(recorded) = recorded_at_0(&checkpoint) else {
+            return Ok(());
+        };
         let mut source = match open_files_source(dir.path(), &checkpoint) {
             Ok(source) => source,
             Err(_typed) => return Ok(()),
         };
-        if let Ok(batch) = source.read(&checkpoint, 0, &Recorded::new()) {
+        if let Ok(batch) = source.read(&checkpoint, 0, &recorded) {
             let ids = ids_read(&batch.decoded.batches);
             prop_assert!(
                 !ids.contains(&OUTSIDE_ID),
@@ -780,13 +828,22 @@ fn fuzz_files_source_log() {
         }
         Ok(())
     });
-    read.check("a damaged source log entry that reads", 600);
+    read.check("a damaged list of files that reads", 600);
     std::fs::write(&entry, entry_bytes(&valid)).expect("restore");
     let mut source = open_files_source(dir.path(), &checkpoint).expect("opens");
-    let batch = source
-        .read(&checkpoint, 0, &Recorded::new())
-        .expect("reads");
+    let recorded = recorded_at_0(&checkpoint).expect("recorded");
+    let batch = source.read(&checkpoint, 0, &recorded).expect("reads");
     assert_eq!(ids_read(&batch.decoded.batches), vec![1, 2, 3]);
+}
+
+#[test]
+fn fuzz_files_source_offsets_entry() {
+    fuzz_files_lists(false);
+}
+
+#[test]
+fn fuzz_files_source_log() {
+    fuzz_files_lists(true);
 }
 
 // ---------------------------------------------------------------- the Delta source
