@@ -95,9 +95,15 @@ pub fn fixed_cost(args: &[String]) -> Result<()> {
         || std::env::temp_dir().join(format!("weir-fixed-cost-{}", std::process::id())),
         PathBuf::from,
     );
-    let (one, many) = (work.join("one"), work.join("many"));
     let (mut user, mut system, mut wall) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
+        // A folder per run, all removed at the end: ext4 without a journal skips every
+        // inode freed in the last 30 s when it allocates one, so deleting the previous
+        // run's files just before would charge this run for them.
+        let (one, many) = (
+            work.join(format!("r{r}/one")),
+            work.join(format!("r{r}/many")),
+        );
         workspace(&one, 1)?;
         workspace(&many, batches + 1)?;
         let (u1, s1, w1) = run(&one)?;
