@@ -591,20 +591,20 @@ fn spark_run(
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     // The reference harness has no stream-stream join and deduplicates on order_id only:
     // this repository's scripts run the others.
-    let mut script = bench.join("spark_revenue.py");
-    let mut wrapper = Vec::new();
-    if query == "attribution" {
-        script = here.join("spark_attribution.py");
-    } else if query == "dedup" && dedup_keys != "order_id" {
-        wrapper = vec![
-            here.join("spark_dedup.py").into_os_string(),
-            "--script".into(),
-            script.into_os_string(),
-            "--keys".into(),
-            dedup_keys.into(),
-            "--".into(),
-        ];
-        script = PathBuf::from(wrapper.remove(0));
+    let reference = bench.join("spark_revenue.py");
+    let (script, wrapper): (PathBuf, Vec<std::ffi::OsString>) = match query {
+        "attribution" => (here.join("spark_attribution.py"), Vec::new()),
+        "dedup" if dedup_keys != "order_id" => (
+            here.join("spark_dedup.py"),
+            vec![
+                "--script".into(),
+                reference.into_os_string(),
+                "--keys".into(),
+                dedup_keys.into(),
+                "--".into(),
+            ],
+        ),
+        _ => (reference, Vec::new()),
     };
     let results = work.join("spark-results");
     std::fs::create_dir_all(&results)?;

@@ -538,26 +538,26 @@ impl Source for FilesSource {
 
     fn record(&mut self, checkpoint: &Checkpoint, batch_id: u64) -> Result<Recorded, SourceError> {
         let files = std::mem::take(&mut self.staged);
+        let listed = serde_json::to_value(&files).map_err(|source| CheckpointError::Encode {
+            file: checkpoint.offsets().entry_path(batch_id),
+            source,
+        })?;
         let mut recorded = Recorded::new();
-        recorded.insert(
-            RECORDED_FILES.into(),
-            serde_json::Value::Array(
-                files
-                    .iter()
-                    .map(|f| serde_json::json!({ "name": f.name, "size": f.size, "mtime_ms": f.mtime_ms }))
-                    .collect(),
-            ),
-        );
+        recorded.insert(RECORDED_FILES.into(), listed);
+        let before = self.unlogged.len();
+        self.unlogged.extend(files.iter().cloned());
         if self.batches_unlogged + 1 >= LOG_EVERY {
-            let mut taken = self.unlogged.clone();
-            taken.extend(files.iter().cloned());
-            checkpoint
-                .source_log(self.index)
-                .put(batch_id, &FilesLogEntry { files: taken })?;
-            self.unlogged.clear();
+            let entry = FilesLogEntry {
+                files: std::mem::take(&mut self.unlogged),
+            };
+            if let Err(e) = checkpoint.source_log(self.index).put(batch_id, &entry) {
+                // Not taken: the next poll lists them again.
+                self.unlogged = entry.files;
+                self.unlogged.truncate(before);
+                return Err(e.into());
+            }
             self.batches_unlogged = 0;
         } else {
-            self.unlogged.extend(files.iter().cloned());
             self.batches_unlogged += 1;
         }
         // Only now are its files taken (the query writes `offsets/N` next; a crash

@@ -344,9 +344,11 @@ impl StateStore {
         }
         self.changelog_bytes_since_snapshot = 0;
         for v in chain.into_iter().rev() {
-            let path = self.dir.join(files::changelog_name(v));
-            self.changelog_bytes_since_snapshot += std::fs::metadata(&path).map_or(0, |m| m.len());
-            let file = RecordFile::read(&path, FileKind::Changelog)?;
+            let file = RecordFile::read(
+                &self.dir.join(files::changelog_name(v)),
+                FileKind::Changelog,
+            )?;
+            self.changelog_bytes_since_snapshot += file.len();
             self.backend.apply(&mut file.records())?;
             rows = file.rows_total;
         }

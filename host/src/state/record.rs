@@ -216,6 +216,11 @@ pub(super) struct RecordFile {
 }
 
 impl RecordFile {
+    /// The file's size in bytes, as read.
+    pub fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
     /// Reads `file` and checks its header kind, checksum, record structure and record count.
     pub fn read(file: &Path, expected: FileKind) -> Result<Self, StateError> {
         let mut data = Vec::new();
