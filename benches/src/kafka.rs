@@ -120,12 +120,16 @@ pub fn kafka(args: &[String]) -> Result<()> {
         produced as f64 / produce_s
     );
 
-    std::fs::write(
-        work.join("kafka.toml"),
+    // Each run in folders of its own, deleted only once all are measured (see `pipeline`).
+    let runs_dir = work.join("runs");
+    if runs_dir.exists() {
+        std::fs::remove_dir_all(&runs_dir)?;
+    }
+    let pipeline = |run: usize| {
         format!(
             r#"[query]
 name = "bench_kafka"
-checkpoint = "checkpoints/kafka"
+checkpoint = "runs/{run}/checkpoints/kafka"
 trigger = "available-now"
 
 [[source]]
@@ -143,17 +147,21 @@ on_malformed = "drop"
 "#,
             weir_host::examples::ORDERS_SCHEMA,
             if sink == "delta" {
-                "[sink]\nkind = \"delta\"\npath = \"out/kafka\"\n".to_owned()
+                format!("[sink]\nkind = \"delta\"\npath = \"runs/{run}/out/kafka\"\n")
             } else {
-                format!("[sink]\nkind = \"files\"\npath = \"out/kafka\"\nformat = \"{sink}\"\n")
+                format!(
+                    "[sink]\nkind = \"files\"\npath = \"runs/{run}/out/kafka\"\nformat = \"{sink}\"\n"
+                )
             }
-        ),
-    )?;
+        )
+    };
     let exe = std::env::current_exe()?;
     let cache = work.join("plugin-cache");
     let mut samples = Vec::new();
-    for _ in 0..runs.max(1) {
-        let s = measure(&exe, &work, &cache, "kafka")?;
+    for run in 0..runs.max(1) {
+        let file = work.join(format!("kafka-{run}.toml"));
+        std::fs::write(&file, pipeline(run))?;
+        let s = measure(&exe, &cache, "kafka", &file)?;
         if s.rows != records as u64 {
             bail!("read {} records, produced {records}", s.rows);
         }
@@ -166,6 +174,7 @@ on_malformed = "drop"
         );
         samples.push(s);
     }
+    std::fs::remove_dir_all(&runs_dir)?;
     let wall = median(samples.iter().map(|s| s.wall.as_secs_f64()).collect());
     let cpu = median(samples.iter().map(|s| s.cpu.as_secs_f64()).collect());
     let rss = samples.iter().map(|s| s.max_rss_kb).max().unwrap_or(0) / 1024;

@@ -54,6 +54,7 @@ mod serve;
 mod stateful;
 
 fn main() -> ExitCode {
+    weir_host::malloc::tune();
     let args: Vec<String> = std::env::args().collect();
     let result = match args.get(1).map(String::as_str) {
         Some("pipeline") => pipeline(&args[2..]),
@@ -107,21 +108,29 @@ fn pipeline(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     weir_host::examples::write_plugins(&work.join("plugins"))?;
     let cache = work.join("plugin-cache");
-    for variant in VARIANTS {
-        std::fs::write(
-            work.join(format!("{variant}.toml")),
-            pipeline_file(&input, variant),
-        )?;
+    // Each run writes its checkpoint and output into folders of its own, and nothing is
+    // deleted until every run is measured: ext4 charges the creation of new files for the
+    // inodes freed just before (`recently_deleted`), which would bill a run for its
+    // predecessor's clean-up.
+    let runs_dir = work.join("runs");
+    if runs_dir.exists() {
+        std::fs::remove_dir_all(&runs_dir)?;
     }
     let exe = std::env::current_exe()?;
 
     // Warm-up: compiles the plugin into the cache, fills the page cache.
-    let _ = measure(&exe, &work, &cache, "wasm")?;
+    let _ = measure(
+        &exe,
+        &cache,
+        "wasm",
+        &write_pipeline(&work, &input, "wasm", "warm-up")?,
+    )?;
 
     let mut samples: Vec<(&str, Sample)> = Vec::new();
-    for _ in 0..runs {
+    for run in 0..runs {
         for variant in VARIANTS {
-            let s = measure(&exe, &work, &cache, variant)?;
+            let file = write_pipeline(&work, &input, variant, &run.to_string())?;
+            let s = measure(&exe, &cache, variant, &file)?;
             eprintln!(
                 "{variant}: {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
                 s.rows,
@@ -133,9 +142,10 @@ fn pipeline(args: &[String]) -> Result<()> {
         }
     }
     let mut startups = Vec::new();
-    for _ in 0..runs.max(3) {
-        startups.push(startup(&exe, &work, &cache)?);
+    for run in 0..runs.max(3) {
+        startups.push(startup(&exe, &work, &cache, &input, run)?);
     }
+    std::fs::remove_dir_all(&runs_dir)?;
 
     println!(
         "| variant | runs | rows | wall s (median) | CPU s (median) | rows per CPU-second | rows/s wall | peak RSS MB (max) |"
@@ -246,7 +256,8 @@ fn sql_fixed_cost() -> Result<f64> {
     Ok(median(rounds))
 }
 
-fn pipeline_file(input: &Path, variant: &str) -> String {
+/// The pipeline file of `variant` whose checkpoint and output are in `runs/<run>/`.
+fn pipeline_file(input: &Path, variant: &str, run: &str) -> String {
     let transform = match variant {
         "wasm" => "[[transform]]\nname = \"keep_completed\"\nplugin = \"plugins/filter_rows.wasm\"\nconfig = { column = \"status\", op = \"eq\", value = \"completed\" }\n".to_owned(),
         "sql" => format!("[[transform]]\nname = \"enrich\"\nsql = \"{BENCH_SQL}\"\n"),
@@ -261,7 +272,7 @@ fn pipeline_file(input: &Path, variant: &str) -> String {
     format!(
         r#"[query]
 name = "bench_{variant}"
-checkpoint = "checkpoints/{variant}"
+checkpoint = "runs/{run}/checkpoints/{variant}"
 trigger = "available-now"
 
 [[source]]
@@ -275,7 +286,7 @@ max_files_per_trigger = 1
 {transform}
 [sink]
 kind = "files"
-path = "out/{variant}"
+path = "runs/{run}/out/{variant}"
 format = "parquet"
 "#,
         input.display(),
@@ -283,16 +294,11 @@ format = "parquet"
     )
 }
 
-fn fresh(work: &Path, variant: &str) -> Result<()> {
-    for dir in [
-        work.join("checkpoints").join(variant),
-        work.join("out").join(variant),
-    ] {
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-    }
-    Ok(())
+/// Writes the pipeline file of `variant` for `run`, returning its path.
+fn write_pipeline(work: &Path, input: &Path, variant: &str, run: &str) -> Result<PathBuf> {
+    let file = work.join(format!("{variant}-{run}.toml"));
+    std::fs::write(&file, pipeline_file(input, variant, run))?;
+    Ok(file)
 }
 
 /// What a child process used, as `wait4` reports it: its own CPU and peak RSS, not its
@@ -334,14 +340,14 @@ pub(crate) fn wait_measured(
     })
 }
 
-/// Runs one variant in a child process and takes its own rusage.
-fn measure(exe: &Path, work: &Path, cache: &Path, variant: &str) -> Result<Sample> {
-    fresh(work, variant)?;
+/// Runs the pipeline `file` as `variant` (`native` adds the host filter) in a child process
+/// and takes its own rusage.
+fn measure(exe: &Path, cache: &Path, variant: &str, file: &Path) -> Result<Sample> {
     let started = Instant::now();
     let child = Command::new(exe)
         .arg("run-variant")
         .arg(variant)
-        .arg(work.join(format!("{variant}.toml")))
+        .arg(file)
         .arg(cache)
         .stdout(Stdio::piped())
         .spawn()?;
@@ -385,12 +391,12 @@ fn run_variant(args: &[String]) -> Result<()> {
 }
 
 /// Time from spawning `weir run` to its first batch starting.
-fn startup(exe: &Path, work: &Path, cache: &Path) -> Result<Duration> {
-    fresh(work, "wasm")?;
+fn startup(exe: &Path, work: &Path, cache: &Path, input: &Path, run: usize) -> Result<Duration> {
+    let file = write_pipeline(work, input, "wasm", &format!("startup-{run}"))?;
     let started = Instant::now();
     let mut child = Command::new(exe)
         .args(["cli", "run"])
-        .arg(work.join("wasm.toml"))
+        .arg(file)
         .arg("--cache-dir")
         .arg(cache)
         .env("WEIR_LOG", "warn,weir_host::query=debug")

@@ -37,6 +37,7 @@ mod fnv;
 #[cfg(test)]
 mod fuzz;
 mod mac;
+pub mod malloc;
 pub mod operator;
 pub mod plugin;
 pub mod progress;

@@ -175,6 +175,7 @@ enum CheckpointCommand {
 
 /// Runs the command line of this process and returns its exit code.
 pub fn main() -> ExitCode {
+    crate::malloc::tune();
     main_from(std::env::args_os())
 }
 

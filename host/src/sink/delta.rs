@@ -55,6 +55,8 @@ use deltalake::kernel::{Action, Add, StructType, Transaction};
 use deltalake::protocol::{DeltaOperation, OutputMode as DeltaOutputMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::{DeltaTable, DeltaTableError};
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
 
 use crate::checkpoint::{CheckpointError, MAX_BATCH_ID};
 use crate::failpoint::{Failpoint, Phase};
@@ -404,9 +406,15 @@ impl DeltaSink {
             .table
             .as_ref()
             .ok_or_else(|| unreachable_table(&self.options.spec.path, n))?;
+        // deltalake's defaults (snappy), plus a dictionary only where it pays (`dictionary`).
+        let properties = super::dictionary::without_unpaid_dictionaries(
+            WriterProperties::builder().set_compression(Compression::SNAPPY),
+            batches,
+        );
         let mut writer = RecordBatchWriter::for_table(table)
             .map_err(&err)?
-            .with_target_file_size(target);
+            .with_target_file_size(target)
+            .with_writer_properties(properties.build());
         self.runtime
             .block_on(async {
                 let target = Arc::new(delta_schema(schema));

@@ -42,7 +42,7 @@ const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The files a [`FilesWriter`] writes: JSON lines (keys in schema order, nulls omitted), CSV
 /// with a header line (RFC 4180 quoting, `\n` line ends, null as an empty field) or Parquet
-/// (snappy-compressed).
+/// (snappy-compressed, dictionary-encoded only where it pays).
 impl OutputFormat {
     /// The file name extension, without the dot.
     pub fn extension(self) -> &'static str {
@@ -359,8 +359,9 @@ fn write_parquet(
     };
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP_ROWS))
-        .build();
+        .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP_ROWS));
+    // A dictionary only where it pays, as Spark's writer decides (see `dictionary`).
+    let props = super::dictionary::without_unpaid_dictionaries(props, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
     for batch in batches {
@@ -892,6 +893,51 @@ mod tests {
                 assert_eq!(got.to_data(), want.to_data(), "{}", field.name());
             }
         }
+    }
+
+    #[test]
+    fn parquet_dictionary_only_on_columns_where_it_pays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let writer = FilesWriter::new(tmp.path().to_path_buf(), OutputFormat::Parquet);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("status", DataType::Utf8, true),
+            Field::new("session", DataType::Utf8, true),
+        ]));
+        let n = 20_000_i64;
+        let statuses = ["completed", "pending", "returned"];
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(10_000_000..10_000_000 + n)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| statuses[i as usize % 3]),
+                )),
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                    format!("s-{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                }))),
+            ],
+        )
+        .unwrap();
+        let path = writer
+            .write_batch(0, &schema, std::slice::from_ref(&batch))
+            .unwrap()
+            .path
+            .unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+        let dictionary: Vec<bool> = builder
+            .metadata()
+            .row_group(0)
+            .columns()
+            .iter()
+            .map(|c| {
+                c.encodings()
+                    .any(|e| e == parquet::basic::Encoding::RLE_DICTIONARY)
+            })
+            .collect();
+        assert_eq!(dictionary, [false, true, false]);
+        let read: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+        assert_eq!(concat_batches(&schema, &read).unwrap(), batch);
     }
 
     #[test]

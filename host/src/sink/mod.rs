@@ -15,6 +15,7 @@
 pub mod console;
 pub mod delta;
 pub mod delta_merge;
+mod dictionary;
 pub mod files;
 pub mod kafka;
 

@@ -1,0 +1,45 @@
+//! The C allocator's thresholds, set once when a Weir process starts.
+//!
+//! Why: each micro-batch allocates a few large blocks (an input file read whole, the decoder's
+//! column buffers, Parquet pages) and frees them once its output is written. glibc serves blocks
+//! above an adaptive threshold (128 KB at first) with fresh `mmap`s and gives the top of the
+//! heap back to the kernel once 128 KB of it are free, so every batch faulted in, zeroed and
+//! unmapped memory it had just returned: 40,000 page faults and about a tenth of the CPU of a
+//! JSON → Parquet query over 100 files (`BENCHMARKS.md` §13). Fixed thresholds keep such blocks
+//! in the heap for the next batch: blocks below 32 MB come from the heap, and up to 64 MB of
+//! free heap top stay mapped. Peak RSS does not grow, because the next batch reuses that
+//! memory before it would allocate more.
+
+/// Blocks at least this large get their own mapping (glibc's largest allowed value on 64-bit).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+/// Free memory at the top of the heap kept mapped.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD: libc::c_int = 64 << 20;
+
+/// Sets the thresholds; call it first thing in `main`, before any thread starts. A no-op
+/// where the C library is not glibc. Returns whether both settings were taken.
+pub fn tune() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallopt` only changes the allocator's parameters; called before other
+        // threads exist, it races with no allocation.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn glibc_takes_both_thresholds() {
+        assert!(super::tune());
+    }
+}

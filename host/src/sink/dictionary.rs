@@ -1,0 +1,219 @@
+//! Which columns of a Parquet file get dictionary encoding.
+//!
+//! Why: the Parquet writer of the `parquet` crate dictionary-encodes every column until the
+//! dictionary reaches 1 MB, hashing and interning each value on the way. On a column of unique
+//! values (ids, timestamps, session strings) that work buys nothing: the file holds every value
+//! once in the dictionary and an index per row besides, and it cost a quarter of the CPU of a
+//! JSON → Parquet query. Spark's writer (parquet-mr) keeps a dictionary only when it shrinks the
+//! first page (`isCompressionSatisfying`: dictionary plus indices smaller than the plain
+//! values) and falls back to plain otherwise. We decide the same question once per file, before
+//! writing, from a sample of the first batch, and leave the dictionary on wherever in doubt.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, TimeUnit};
+use foldhash::fast::FixedState;
+use parquet::file::properties::WriterPropertiesBuilder;
+use parquet::schema::types::ColumnPath;
+use std::hash::BuildHasher;
+
+/// Rows sampled per column.
+const SAMPLE_ROWS: usize = 512;
+
+/// `props` with dictionary encoding turned off for each top-level column of the first
+/// non-empty batch of `batches` on which it would not pay (see [`dictionary_columns`]).
+pub(crate) fn without_unpaid_dictionaries(
+    mut props: WriterPropertiesBuilder,
+    batches: &[RecordBatch],
+) -> WriterPropertiesBuilder {
+    if let Some(first) = batches.iter().find(|b| b.num_rows() > 0) {
+        let schema = first.schema();
+        for (field, dictionary) in schema.fields().iter().zip(dictionary_columns(first)) {
+            if !dictionary {
+                props = props.set_column_dictionary_enabled(
+                    ColumnPath::new(vec![field.name().clone()]),
+                    false,
+                );
+            }
+        }
+    }
+    props
+}
+
+/// For each column of `batch` (top level, in order): `false` when dictionary encoding would
+/// not pay on a file of this batch's values, `true` otherwise (the default).
+///
+/// The sample's distinct count `d` among `s` non-null values: `d < s / 2` is plainly low
+/// cardinality; otherwise the sample's repeats estimate the batch's distinct values by the
+/// birthday bound (`s² / (2 · repeats)`; no repeat at all: plain), and a dictionary whose values would be more than
+/// half the batch's rows costs more than it saves (the dictionary stores them all, plus an
+/// index of several bits per row). Types other than the flat primitives and strings keep the
+/// dictionary.
+fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let rows = column.len() - column.null_count();
+            if rows < 2 * SAMPLE_ROWS {
+                // Small files: the dictionary costs little either way.
+                return true;
+            }
+            match sample_keys(column.as_ref()) {
+                Some(mut keys) => pays(&mut keys, rows),
+                None => true,
+            }
+        })
+        .collect()
+}
+
+/// A 64-bit finaliser (splitmix64): spreads consecutive integers over the whole range.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Whether a dictionary pays for a column of `rows` non-null values whose sample is `keys`.
+fn pays(keys: &mut [u64], rows: usize) -> bool {
+    let s = keys.len();
+    if s < 2 {
+        return true;
+    }
+    keys.sort_unstable();
+    let distinct = 1 + keys.windows(2).filter(|w| w[0] != w[1]).count();
+    if 2 * distinct < s {
+        return true;
+    }
+    let repeats = s - distinct;
+    if repeats == 0 {
+        // No value seen twice: no evidence that a dictionary would be smaller.
+        return false;
+    }
+    let estimated_distinct = (s * s) as f64 / (2.0 * repeats as f64);
+    estimated_distinct < rows as f64 / 2.0
+}
+
+/// One 64-bit key per sampled non-null value (strings hashed), or `None` for a type this
+/// module leaves alone.
+fn sample_keys(column: &dyn Array) -> Option<Vec<u64>> {
+    let len = column.len() as u64;
+    // Rows at pseudo-random positions (the same on every run): evenly spaced ones would
+    // alias with periodic data, seeing `i % 500` as 500 distinct values and no repeat.
+    let rows = (0..SAMPLE_ROWS as u64)
+        .map(|k| (mix(k) % len) as usize)
+        .filter(|&i| column.is_valid(i));
+    let keys = match column.data_type() {
+        DataType::Int32 => {
+            let values = column.as_primitive::<Int32Type>().values();
+            rows.map(|i| values[i] as u64).collect()
+        }
+        DataType::Int64 => {
+            let values = column.as_primitive::<Int64Type>().values();
+            rows.map(|i| values[i] as u64).collect()
+        }
+        DataType::Date32 => {
+            let values = column.as_primitive::<Date32Type>().values();
+            rows.map(|i| values[i] as u64).collect()
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, _) => {
+            let values = column.as_primitive::<TimestampMicrosecondType>().values();
+            rows.map(|i| values[i] as u64).collect()
+        }
+        DataType::Float64 => {
+            let values = column.as_primitive::<Float64Type>().values();
+            rows.map(|i| values[i].to_bits()).collect()
+        }
+        DataType::Decimal128(_, _) => {
+            let values = column.as_primitive::<Decimal128Type>().values();
+            rows.map(|i| {
+                let v = values[i] as u128;
+                (v as u64) ^ ((v >> 64) as u64).rotate_left(29)
+            })
+            .collect()
+        }
+        DataType::Utf8 => {
+            let values = column.as_string::<i32>();
+            let hasher = FixedState::with_seed(0);
+            rows.map(|i| hasher.hash_one(values.value(i))).collect()
+        }
+        DataType::Utf8View => {
+            let values = column.as_string_view();
+            let hasher = FixedState::with_seed(0);
+            rows.map(|i| hasher.hash_one(values.value(i))).collect()
+        }
+        _ => return None,
+    };
+    Some(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{Field, Schema};
+
+    use super::*;
+
+    fn batch(ids: Vec<i64>, names: Vec<String>) -> RecordBatch {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(StringArray::from(names)),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn unique_columns_are_plain_and_repeated_ones_keep_the_dictionary() {
+        let n = 10_000;
+        let unique = batch(
+            (0..n).map(|i| i * 7919).collect(),
+            (0..n).map(|i| format!("session-{i:08}")).collect(),
+        );
+        assert_eq!(dictionary_columns(&unique), [false, false]);
+
+        let statuses = ["completed", "pending", "cancelled", "refunded"];
+        let repeated = batch(
+            (0..n).map(|i| i % 500).collect(),
+            (0..n)
+                .map(|i| statuses[i as usize % 4].to_owned())
+                .collect(),
+        );
+        assert_eq!(dictionary_columns(&repeated), [true, true]);
+
+        // A fifth as many distinct values as rows: every value about five times. Few repeats
+        // in the sample, yet the birthday estimate sees that the dictionary pays.
+        // Values drawn pseudo-randomly (an evenly spaced sample of `i % m` could alias).
+        let draw = |i: i64| (mix(i as u64) % (n as u64 / 5)) as i64;
+        let moderate = batch(
+            (0..n).map(draw).collect(),
+            (0..n).map(|i| format!("c{}", draw(i + n))).collect(),
+        );
+        assert_eq!(dictionary_columns(&moderate), [true, true]);
+    }
+
+    #[test]
+    fn small_batches_and_other_types_keep_the_dictionary() {
+        let small = batch(
+            (0..100).collect(),
+            (0..100).map(|i| i.to_string()).collect(),
+        );
+        assert_eq!(dictionary_columns(&small), [true, true]);
+        let nulls = Int64Array::from(vec![None::<i64>; 5_000]);
+        let schema = Schema::new(vec![Field::new("n", DataType::Int64, true)]);
+        let all_null = RecordBatch::try_new(Arc::new(schema), vec![Arc::new(nulls)]).unwrap();
+        assert_eq!(dictionary_columns(&all_null), [true]);
+    }
+}
