@@ -52,6 +52,7 @@ mod loading;
 mod plugin_state;
 mod serve;
 mod stateful;
+mod threads;
 
 fn main() -> ExitCode {
     weir_host::malloc::tune();
@@ -68,9 +69,10 @@ fn main() -> ExitCode {
         Some("kafka") => kafka::kafka(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("serve") => serve::serve(&args[2..]),
+        Some("threads") => threads::threads(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {

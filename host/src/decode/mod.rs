@@ -153,6 +153,16 @@ pub struct Decoded {
     pub malformed: Vec<MalformedRecord>,
 }
 
+impl Decoded {
+    /// Adds `other`'s batches, counts and malformed lines after this one's.
+    pub fn append(&mut self, mut other: Decoded) {
+        self.batches.append(&mut other.batches);
+        self.num_input_rows += other.num_input_rows;
+        self.num_malformed += other.num_malformed;
+        self.malformed.append(&mut other.malformed);
+    }
+}
+
 /// One malformed line, for a dead-letter file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MalformedRecord {
@@ -345,17 +355,36 @@ impl Decoder {
             out_fields,
             schema.metadata().clone(),
         ));
+        Ok(Self::with_fields(output_schema, options, fields))
+    }
+
+    /// A decoder of the same schema and options with buffers of its own, to decode other
+    /// files on another thread.
+    pub fn fork(&self) -> Self {
+        Self::with_fields(
+            Arc::clone(&self.output_schema),
+            self.options.clone(),
+            self.fields.clone(),
+        )
+    }
+
+    fn with_fields(
+        output_schema: SchemaRef,
+        options: DecoderOptions,
+        fields: Vec<FieldSpec>,
+    ) -> Self {
         let capacity = options.batch_size.min(INITIAL_CAPACITY);
         let columns = fields
             .iter()
             .map(|f| Column::new(f.kind.clone(), capacity))
             .collect();
+        let permissive = options.policy == MalformedPolicy::Permissive;
         let corrupt = permissive.then(|| Column::new(Kind::Utf8, capacity));
         let row = RowState {
             slots: Slots::new(fields.len()),
             ..RowState::default()
         };
-        Ok(Self {
+        Self {
             output_schema,
             options,
             fields,
@@ -364,7 +393,7 @@ impl Decoder {
             row,
             rows: 0,
             batch_bytes: 0,
-        })
+        }
     }
 
     /// The schema of the output batches: the input schema (all fields nullable), plus a
@@ -393,10 +422,7 @@ impl Decoder {
         let mut local = Decoded::default();
         match self.decode_lines(input, origin, &mut local) {
             Ok(()) => {
-                out.batches.append(&mut local.batches);
-                out.num_input_rows += local.num_input_rows;
-                out.num_malformed += local.num_malformed;
-                out.malformed.append(&mut local.malformed);
+                out.append(local);
                 Ok(())
             }
             Err(e) => {

@@ -368,9 +368,18 @@ impl Query {
         let (last_planned, pending, next_batch) =
             (position.last_planned, position.pending, position.next_batch);
 
+        let threads = pipeline.query.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
+        });
         let mut sources = Vec::with_capacity(pipeline.sources.len());
         for (index, spec) in pipeline.sources.iter().enumerate() {
-            sources.push(sources::open(spec, index, &checkpoint, last_planned)?);
+            sources.push(sources::open(
+                spec,
+                index,
+                &checkpoint,
+                last_planned,
+                threads,
+            )?);
         }
         let engine = plugins::engine(&pipeline, &options)?;
         let plugins_ctx = PluginContext {

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
@@ -196,6 +197,14 @@ impl From<ParquetDecoder> for FileDecoder {
 }
 
 impl FileDecoder {
+    /// A decoder of the same files with buffers of its own, for another thread.
+    fn fork(&self) -> Self {
+        match self {
+            Self::Lines(d) => Self::Lines(d.fork()),
+            Self::Parquet(d) => Self::Parquet(d.clone()),
+        }
+    }
+
     /// The schema of the batches decoded.
     pub fn output_schema(&self) -> &arrow_schema::SchemaRef {
         match self {
@@ -311,6 +320,68 @@ pub struct FilesSource {
     /// Files taken since the last source log entry, and by how many batches.
     unlogged: Vec<FileEntry>,
     batches_unlogged: u64,
+    /// Threads that decode a batch's files (this one included).
+    threads: NonZeroUsize,
+    /// The other threads' decoders and read buffers, made when first needed.
+    workers: Vec<(FileDecoder, Vec<u8>)>,
+}
+
+/// What reading one file of a batch needs to know, shared by the threads decoding the batch.
+struct BatchFiles<'a> {
+    name: &'a str,
+    dir: &'a Path,
+    /// The offsets entry that lists the files.
+    entry: &'a Path,
+    batch_id: u64,
+}
+
+impl BatchFiles<'_> {
+    /// Reads `file` into `buf` and decodes it into `decoded`.
+    fn read(
+        &self,
+        decoder: &mut FileDecoder,
+        file: &FileEntry,
+        buf: &mut Vec<u8>,
+        decoded: &mut Decoded,
+    ) -> Result<(), SourceError> {
+        let path = self.dir.join(&file.name);
+        read_prefix(&path, file.size, buf).map_err(|e| match e {
+            ReadError::Io(error) => SourceError::Read {
+                source_name: self.name.to_owned(),
+                file: path.clone(),
+                error,
+            },
+            ReadError::TooLarge(actual) => SourceError::Checkpoint(CheckpointError::corrupt(
+                self.entry,
+                format!(
+                    "batch {} records {} bytes of {}, which holds {actual} bytes \
+                     (the entry was altered, or the file truncated under the query)",
+                    self.batch_id,
+                    file.size,
+                    path.display()
+                ),
+            )),
+            ReadError::Short(actual) => SourceError::Shrunk {
+                source_name: self.name.to_owned(),
+                file: path.clone(),
+                batch_id: self.batch_id,
+                expected: file.size,
+                actual,
+            },
+        })?;
+        let origin = path.display().to_string();
+        let result = match decoder {
+            FileDecoder::Lines(decoder) => decoder.decode(buf, &origin, decoded),
+            // The recorded bytes, handed over without a copy (the buffer is not reused).
+            FileDecoder::Parquet(decoder) => {
+                decoder.decode(bytes::Bytes::from(std::mem::take(buf)), &origin, decoded)
+            }
+        };
+        result.map_err(|error| SourceError::Decode {
+            source_name: self.name.to_owned(),
+            error,
+        })
+    }
 }
 
 /// A read buffer larger than this is released after its batch.
@@ -319,6 +390,11 @@ const KEEP_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 impl FilesSource {
     /// Reads and decodes the files of one batch, as the source log entry
     /// `entry` lists them (already checked by [`FilesLogEntry::check`]).
+    ///
+    /// With more than one thread, the threads take the files one at a time in order, each
+    /// decoding into a result of its own; the results are then joined in file order, so the
+    /// batch's rows, counts, dead letters and first error are those of one thread reading
+    /// the files in turn. A thread takes no file past one that failed.
     fn read_files(
         &mut self,
         files: &[FileEntry],
@@ -327,43 +403,73 @@ impl FilesSource {
         buf: &mut Vec<u8>,
         decoded: &mut Decoded,
     ) -> Result<(), SourceError> {
-        for file in files {
-            let path = self.dir.join(&file.name);
-            read_prefix(&path, file.size, buf).map_err(|e| match e {
-                ReadError::Io(error) => SourceError::Read {
-                    source_name: self.name.clone(),
-                    file: path.clone(),
-                    error,
-                },
-                ReadError::TooLarge(actual) => SourceError::Checkpoint(CheckpointError::corrupt(
-                    entry,
-                    format!(
-                        "batch {batch_id} records {} bytes of {}, which holds {actual} bytes \
-                         (the entry was altered, or the file truncated under the query)",
-                        file.size,
-                        path.display()
-                    ),
-                )),
-                ReadError::Short(actual) => SourceError::Shrunk {
-                    source_name: self.name.clone(),
-                    file: path.clone(),
-                    batch_id,
-                    expected: file.size,
-                    actual,
-                },
-            })?;
-            let origin = path.display().to_string();
-            let result = match &mut self.decoder {
-                FileDecoder::Lines(decoder) => decoder.decode(buf, &origin, decoded),
-                // The recorded bytes, handed over without a copy (the buffer is not reused).
-                FileDecoder::Parquet(decoder) => {
-                    decoder.decode(bytes::Bytes::from(std::mem::take(buf)), &origin, decoded)
+        let batch = BatchFiles {
+            name: &self.name,
+            dir: &self.dir,
+            entry,
+            batch_id,
+        };
+        let threads = self.threads.get().min(files.len());
+        if threads <= 1 {
+            for file in files {
+                batch.read(&mut self.decoder, file, buf, decoded)?;
+            }
+            return Ok(());
+        }
+        while self.workers.len() < threads - 1 {
+            self.workers.push((self.decoder.fork(), Vec::new()));
+        }
+        let next = AtomicUsize::new(0);
+        let failed_at = AtomicUsize::new(usize::MAX);
+        let work = |decoder: &mut FileDecoder, buf: &mut Vec<u8>| {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= files.len() || i > failed_at.load(Ordering::Relaxed) {
+                    return done;
                 }
-            };
-            result.map_err(|error| SourceError::Decode {
-                source_name: self.name.clone(),
-                error,
-            })?;
+                let mut one = Decoded::default();
+                let result = batch.read(decoder, &files[i], buf, &mut one);
+                if result.is_err() {
+                    failed_at.fetch_min(i, Ordering::Relaxed);
+                }
+                done.push((i, result.map(|()| one)));
+            }
+        };
+        let mut results: Vec<Option<Result<Decoded, SourceError>>> =
+            std::iter::repeat_with(|| None).take(files.len()).collect();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = self.workers[..threads - 1]
+                .iter_mut()
+                .map(|(decoder, buf)| {
+                    let work = &work;
+                    scope.spawn(move || work(decoder, buf))
+                })
+                .collect();
+            for (i, result) in work(&mut self.decoder, buf) {
+                results[i] = Some(result);
+            }
+            for other in others {
+                let done = other
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                for (i, result) in done {
+                    results[i] = Some(result);
+                }
+            }
+        });
+        for (_, buf) in &mut self.workers {
+            if buf.capacity() > KEEP_BUFFER_BYTES {
+                *buf = Vec::new();
+            }
+        }
+        // Every file before the first failure was decoded; none is missing before it.
+        for result in results {
+            match result {
+                Some(Ok(one)) => decoded.append(one),
+                Some(Err(error)) => return Err(error),
+                None => break,
+            }
         }
         Ok(())
     }
@@ -453,7 +559,16 @@ impl FilesSource {
             buf: Vec::new(),
             unlogged,
             batches_unlogged,
+            threads: NonZeroUsize::MIN,
+            workers: Vec::new(),
         })
+    }
+
+    /// Decodes a batch's files on up to `threads` threads (one until this is called).
+    #[must_use]
+    pub fn with_threads(mut self, threads: NonZeroUsize) -> Self {
+        self.threads = threads;
+        self
     }
 
     /// Files present and not yet taken, in the order batches take them.
@@ -681,7 +796,7 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
-    use crate::decode::DecoderOptions;
+    use crate::decode::{DecoderOptions, MalformedPolicy};
 
     /// A source over `dir/in`, checkpoint in `dir/cp`, after one batch (0) took `a.json`.
     fn setup(dir: &Path) -> Checkpoint {
@@ -786,6 +901,117 @@ mod tests {
             // Opened after it: refused before anything is read.
             let err = open(dir.path(), &checkpoint, Some(0)).unwrap_err();
             assert_corrupt(&err, &entry, reason);
+        }
+    }
+
+    /// What reading a batch gave: its rows as JSON values, its input and malformed counts,
+    /// its dead letters (file, line).
+    type BatchRead = (Vec<serde_json::Value>, u64, u64, Vec<(String, u64)>);
+
+    /// Batch 0 of nine files (two with a malformed line) read with `policy` on `threads`
+    /// threads, or the error.
+    fn read_nine(threads: usize, policy: MalformedPolicy) -> Result<BatchRead, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        for f in 0..9 {
+            let mut text = String::new();
+            for r in 0..(1 + f * 700) {
+                if (f == 3 || f == 6) && r == 5 {
+                    text.push_str("{\"id\": oops}\n");
+                }
+                text.push_str(&format!("{{\"id\":{}}}\n", f * 10_000 + r));
+            }
+            std::fs::write(input.join(format!("f{f}.json")), text).unwrap();
+        }
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let options = DecoderOptions {
+            policy,
+            // Several batches per file, so that the order of batches shows.
+            batch_size: 1000,
+            ..DecoderOptions::default()
+        };
+        let mut source = FilesSource::open(
+            "orders".into(),
+            0,
+            input.clone(),
+            None,
+            Decoder::new(schema, options).unwrap(),
+            None,
+            &checkpoint,
+            None,
+        )
+        .unwrap()
+        .with_threads(NonZeroUsize::new(threads).unwrap());
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), 9);
+        plan(&mut source, &checkpoint, 0);
+        let batch = source
+            .read(&checkpoint, 0, &recorded(&checkpoint, 0))
+            .map_err(|e| e.to_string().replace(&input.display().to_string(), "IN"))?;
+        // The other threads' decoders were made and kept: the batch was read on them.
+        assert_eq!(source.workers.len(), threads.min(9) - 1);
+        let decoded = batch.decoded;
+        let mut rows = Vec::new();
+        for b in &decoded.batches {
+            assert!(b.num_rows() <= 1000);
+            let mut json = arrow_json::ArrayWriter::new(Vec::new());
+            json.write(b).unwrap();
+            json.finish().unwrap();
+            let values: Vec<serde_json::Value> =
+                serde_json::from_slice(&json.into_inner()).unwrap();
+            rows.extend(values);
+        }
+        let letters = decoded
+            .malformed
+            .iter()
+            .map(|m| (m.origin.replace(&input.display().to_string(), "IN"), m.line))
+            .collect();
+        Ok((rows, decoded.num_input_rows, decoded.num_malformed, letters))
+    }
+
+    #[test]
+    fn threads_decode_a_batch_as_one_thread_does() {
+        for policy in [
+            MalformedPolicy::Permissive,
+            MalformedPolicy::Drop,
+            MalformedPolicy::DeadLetter,
+            MalformedPolicy::Fail,
+        ] {
+            let one = read_nine(1, policy);
+            for threads in [2, 3, 16] {
+                assert_eq!(
+                    read_nine(threads, policy),
+                    one,
+                    "{policy:?}, {threads} threads"
+                );
+            }
+            match policy {
+                MalformedPolicy::Fail => {
+                    // The first malformed line in file order, whichever thread met it.
+                    let err = one.unwrap_err();
+                    assert!(err.contains("IN/f3.json:6"), "{err}");
+                }
+                _ => {
+                    let (rows, input, malformed, letters) = one.unwrap();
+                    assert_eq!(input, (0..9).map(|f| 1 + f * 700).sum::<u64>() + 2);
+                    assert_eq!(malformed, 2);
+                    let kept = if policy == MalformedPolicy::Permissive {
+                        2
+                    } else {
+                        0
+                    };
+                    assert_eq!(rows.len() as u64, input - 2 + kept);
+                    assert_eq!(rows[0]["id"], 0);
+                    assert_eq!(rows.last().unwrap()["id"], 80_000 + 8 * 700);
+                    if policy == MalformedPolicy::DeadLetter {
+                        assert_eq!(
+                            letters,
+                            [("IN/f3.json".to_owned(), 6), ("IN/f6.json".to_owned(), 6)]
+                        );
+                    }
+                }
+            }
         }
     }
 

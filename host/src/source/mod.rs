@@ -16,6 +16,7 @@ pub mod files;
 pub mod kafka;
 
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
@@ -141,7 +142,8 @@ pub fn schema_before_open(spec: &SourceSpec) -> Option<SchemaRef> {
 
 /// Opens the source `spec`, number `index` in the pipeline, resuming from
 /// what the checkpoint's log says earlier batches took (entries past
-/// `last_planned` were never planned and are dropped).
+/// `last_planned` were never planned and are dropped). A files source decodes
+/// a batch's files on up to `threads` threads.
 ///
 /// # Errors
 /// When the decoder cannot be built for the schema or the source log cannot
@@ -151,6 +153,7 @@ pub fn open(
     index: usize,
     checkpoint: &Checkpoint,
     last_planned: Option<u64>,
+    threads: NonZeroUsize,
 ) -> Result<Box<dyn Source>, SourceError> {
     match &spec.kind {
         SourceKind::Files(files) => {
@@ -200,16 +203,19 @@ pub fn open(
                     });
                 }
             };
-            Ok(Box::new(FilesSource::open(
-                spec.name.clone(),
-                index,
-                files.path.clone(),
-                files.max_files_per_trigger,
-                decoder,
-                files.dead_letter_path.clone(),
-                checkpoint,
-                last_planned,
-            )?))
+            Ok(Box::new(
+                FilesSource::open(
+                    spec.name.clone(),
+                    index,
+                    files.path.clone(),
+                    files.max_files_per_trigger,
+                    decoder,
+                    files.dead_letter_path.clone(),
+                    checkpoint,
+                    last_planned,
+                )?
+                .with_threads(threads),
+            ))
         }
         SourceKind::Delta(d) => Ok(Box::new(DeltaInput::new(
             DeltaSource::open(

@@ -112,6 +112,9 @@ pub struct QuerySpec {
     pub state_partitions: u32,
     /// `watermark_policy`: how the watermarks of several inputs combine (default min).
     pub watermark_policy: WatermarkPolicy,
+    /// `threads`: how many threads decode a batch's files; `None` (the default): as many as
+    /// the machine has cores. It changes no result, so the fingerprint leaves it out.
+    pub threads: Option<NonZeroUsize>,
 }
 
 /// `query.watermark_policy`: Spark's `spark.sql.streaming.multipleWatermarkPolicy`.

@@ -114,6 +114,7 @@ pub(super) struct RawQuery {
     pub state_store: Option<String>,
     pub state_partitions: Option<i64>,
     pub watermark_policy: Option<String>,
+    pub threads: Option<i64>,
 }
 
 /// One `[[source]]` table, read as the struct of its `kind`.

@@ -116,6 +116,7 @@ fn example_round_trips_to_the_expected_pipeline() {
             state_store: StoreKind::RocksDb,
             state_partitions: 2,
             watermark_policy: WatermarkPolicy::Min,
+            threads: None,
         },
         sources: vec![SourceSpec {
             name: "orders".into(),
@@ -550,6 +551,22 @@ fn triggers_and_output_modes() {
             "-1 is not a retry count: use 0 or a positive integer".to_string()
         )]
     );
+    let threads = |n: &str| parse_in(dir.path(), &with(&format!("threads = {n}")), &[]);
+    assert_eq!(threads("1").unwrap().query.threads, NonZeroUsize::new(1));
+    assert_eq!(
+        parse_in(dir.path(), &with(""), &[]).unwrap().query.threads,
+        None
+    );
+    for n in ["0", "-2", "1025"] {
+        let found = problems(dir.path(), &with(&format!("threads = {n}")), &[]);
+        assert_eq!(
+            found,
+            vec![(
+                "query.threads".to_string(),
+                format!("{n} is not a thread count: use 1 to 1024")
+            )]
+        );
+    }
 }
 
 #[test]
@@ -845,7 +862,7 @@ fn overrides_change_keys_before_validation() {
         vec![
             ("--set source.refunds.path".into(), "no [[source]] named \"refunds\" (known: orders)".into()),
             ("--set trigger".into(), "expected KEY=VALUE, e.g. --set source.orders.path=data/in".into()),
-            ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries, state_store, state_partitions, watermark_policy)".into()),
+            ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries, state_store, state_partitions, watermark_policy, threads)".into()),
             ("query.trigger".into(), "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\"".into()),
         ] as Vec<(String, String)>
     );
@@ -962,6 +979,7 @@ name = "revenue_5m"
 checkpoint = "checkpoints/revenue_5m"
 state_store = "memory"
 state_partitions = 4
+threads = 3
 
 [[source]]
 name = "orders"
@@ -989,6 +1007,7 @@ fn stateful_tables_are_read() {
     let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
     assert_eq!(p.query.state_store, StoreKind::Memory);
     assert_eq!(p.query.state_partitions, 4);
+    assert_eq!(p.query.threads, NonZeroUsize::new(3));
     assert_eq!(
         p.watermark,
         Some(WatermarkSpec {

@@ -486,6 +486,22 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
             &[("min", WatermarkPolicy::Min), ("max", WatermarkPolicy::Max)],
         ),
     };
+    let threads = match q.threads {
+        None => Some(None),
+        Some(n) => match usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_THREADS).contains(n))
+        {
+            Some(n) => NonZeroUsize::new(n).map(Some),
+            None => {
+                c.push(
+                    "query.threads",
+                    format!("{n} is not a thread count: use 1 to {MAX_THREADS}"),
+                );
+                None
+            }
+        },
+    };
     Some(QuerySpec {
         name: name?,
         checkpoint: checkpoint?,
@@ -495,10 +511,13 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
         state_store: state_store?,
         state_partitions: state_partitions?,
         watermark_policy: watermark_policy?,
+        threads: threads?,
     })
 }
 
 const DEFAULT_STATE_PARTITIONS: u32 = 2;
+/// The most threads `query.threads` may ask for.
+const MAX_THREADS: usize = 1024;
 
 /// A required, positive duration at `path`.
 fn positive_duration(
