@@ -59,6 +59,8 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let spark_python = flag(args, "--spark-python");
     let spark_bench = flag(args, "--spark-bench").map(PathBuf::from);
     let expect = flag(args, "--expect").map(PathBuf::from);
+    // `query.threads` (default: Weir's, the cores).
+    let threads: Option<usize> = flag(args, "--threads").map(|t| t.parse()).transpose()?;
     if !matches!(query.as_str(), "revenue" | "dedup" | "join" | "attribution") {
         bail!("--query revenue|dedup|join|attribution");
     }
@@ -116,9 +118,12 @@ pub fn stateful(args: &[String]) -> Result<()> {
             &work.join(format!("r{run}")),
             &cache,
             &inputs,
-            &query,
-            &store,
-            &dedup_keys,
+            &Shape {
+                query: &query,
+                store: &store,
+                dedup_keys: &dedup_keys,
+                threads,
+            },
         )?;
         eprintln!(
             "weir  run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows, state max {} rows / {} KB on disk",
@@ -380,15 +385,23 @@ format = "parquet"
     )
 }
 
+/// What Weir's pipeline runs.
+struct Shape<'a> {
+    query: &'a str,
+    store: &'a str,
+    dedup_keys: &'a [String],
+    /// `query.threads`, when given.
+    threads: Option<usize>,
+}
+
 fn weir_run(
     exe: &Path,
     work: &Path,
     cache: &Path,
     inputs: &Inputs,
-    query: &str,
-    store: &str,
-    dedup_keys: &[String],
+    shape: &Shape<'_>,
 ) -> Result<Run> {
+    let query = shape.query;
     // A fresh folder per run, nothing deleted while the benchmark runs: on
     // ext4, creating files right after deleting many makes inode allocation
     // search the recently freed ones, a cost of the machine, not the engine.
@@ -398,7 +411,11 @@ fn weir_run(
     }
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("pipeline.toml");
-    std::fs::write(&file, pipeline_file(inputs, query, store, dedup_keys))?;
+    let mut pipeline = pipeline_file(inputs, query, shape.store, shape.dedup_keys);
+    if let Some(n) = shape.threads {
+        pipeline = pipeline.replacen("[query]\n", &format!("[query]\nthreads = {n}\n"), 1);
+    }
+    std::fs::write(&file, pipeline)?;
     let started = Instant::now();
     let child = Command::new(exe)
         .args(["cli", "run"])

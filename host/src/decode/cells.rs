@@ -173,21 +173,30 @@ pub(super) struct Column {
     kind: Kind,
     nulls: NullBufferBuilder,
     values: Values,
+    /// Rows (and string bytes) to allocate for the next batch: the last batch's, plus an
+    /// eighth, at most the capacity the column was made with. Batches of a query are about
+    /// the same size (a megabyte of input or `batch_size` rows), and a buffer much larger
+    /// than its batch would be held, unused, until the batch is written.
     capacity: usize,
+    bytes_capacity: usize,
+    max_capacity: usize,
 }
 
 impl Column {
     pub(super) fn new(kind: Kind, capacity: usize) -> Self {
-        let values = Self::empty_values(&kind, capacity);
+        let bytes_capacity = capacity * 16;
+        let values = Self::empty_values(&kind, capacity, bytes_capacity);
         Self {
             kind,
             nulls: NullBufferBuilder::new(capacity),
             values,
             capacity,
+            bytes_capacity,
+            max_capacity: capacity,
         }
     }
 
-    fn empty_values(kind: &Kind, capacity: usize) -> Values {
+    fn empty_values(kind: &Kind, capacity: usize, bytes_capacity: usize) -> Values {
         match kind {
             Kind::Bool => Values::Bool(BooleanBufferBuilder::new(capacity)),
             Kind::I32 | Kind::Date32 => Values::I32(Vec::with_capacity(capacity)),
@@ -199,7 +208,7 @@ impl Column {
                 offsets.push(0);
                 Values::Utf8 {
                     offsets,
-                    bytes: Vec::with_capacity(capacity * 16),
+                    bytes: Vec::with_capacity(bytes_capacity),
                 }
             }
         }
@@ -261,10 +270,17 @@ impl Column {
 
     /// Turns the buffered values into an array and starts an empty batch.
     pub(super) fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+        let rows = self.nulls.len();
+        let with_slack = |n: usize| n + n / 8;
+        self.capacity = with_slack(rows).clamp(1, self.max_capacity);
+        if let Values::Utf8 { bytes, .. } = &self.values {
+            self.bytes_capacity = with_slack(bytes.len()).max(16);
+        }
         let nulls = self.nulls.finish();
+        self.nulls = NullBufferBuilder::new(self.capacity);
         let values = std::mem::replace(
             &mut self.values,
-            Self::empty_values(&self.kind, self.capacity),
+            Self::empty_values(&self.kind, self.capacity, self.bytes_capacity),
         );
         let array: ArrayRef = match (values, &self.kind) {
             (Values::Bool(mut v), _) => Arc::new(BooleanArray::new(v.finish(), nulls)),

@@ -71,6 +71,10 @@ pub const CORRUPT_RECORD_COLUMN: &str = "_corrupt_record";
 const MAX_LINE_BYTES: usize = 256 << 20;
 /// A batch is cut early once its lines add up to this many bytes.
 const MAX_BATCH_BYTES: usize = 256 << 20;
+/// A batch is cut at the first line at or after each multiple of this many bytes of a file,
+/// where a file may be split to be decoded on several threads (see [`Decoder::decode`]).
+/// About 7,000 orders: a sub-batch large enough that its fixed costs do not count.
+pub const PART_BYTES: usize = 1 << 20;
 /// Rows of column capacity allocated up front (more grow on demand).
 const INITIAL_CAPACITY: usize = 16_384;
 
@@ -304,6 +308,18 @@ pub struct Decoder {
     batch_bytes: usize,
 }
 
+/// A part of a file that a decoder can decode on its own: it starts where a batch starts
+/// (the file's start, or the first line at or after a multiple of [`PART_BYTES`]), so its
+/// batches are those of the whole file. See [`Decoder::parts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Its bytes in the file.
+    pub range: std::ops::Range<usize>,
+    /// Whether its first non-blank line is a CSV header to skip (the first part's, when the
+    /// format has one).
+    pub header: bool,
+}
+
 impl Decoder {
     /// Creates a decoder for `schema`.
     ///
@@ -408,6 +424,13 @@ impl Decoder {
     /// file in errors and dead letters. Lines are split on `\n`, a trailing `\r` is removed,
     /// blank (whitespace-only) lines are skipped and not counted but still numbered.
     ///
+    /// A batch is cut after `batch_size` rows, before a line that would take its lines past
+    /// 256 MB, and before the first line that starts at or after each multiple of
+    /// [`PART_BYTES`] of the file. That last cut depends on the bytes alone, so
+    /// [`Decoder::parts`] finds it without parsing, and a file decoded in parts on several
+    /// threads gives the same batches as one thread (a replay on another machine then gives
+    /// a plugin the same calls).
+    ///
     /// # Errors
     ///
     /// [`DecodeError::Malformed`] (under [`MalformedPolicy::Fail`]) naming `origin:line` and
@@ -419,19 +442,106 @@ impl Decoder {
         origin: &str,
         out: &mut Decoded,
     ) -> Result<(), DecodeError> {
+        let whole = Part {
+            range: 0..input.len(),
+            header: self.csv_header(),
+        };
+        self.decode_part(input, &whole, origin, out)
+    }
+
+    /// Whether each file starts with a CSV header line.
+    fn csv_header(&self) -> bool {
+        matches!(&self.options.format, Format::Csv(o) if o.header)
+    }
+
+    /// Splits a file where [`Decoder::decode`] cuts it by position (see there): parts of
+    /// about [`PART_BYTES`], for [`Decoder::decode_part`] to decode on threads of their own.
+    /// It reads one line end per part (and the lines up to a CSV header).
+    pub fn parts(&self, input: &[u8]) -> Vec<Part> {
+        let header = self.csv_header();
+        // No cut before the header: the decoder would cut there with no row taken yet.
+        let mut min_cut = 0;
+        if header {
+            let mut pos = 0;
+            while pos < input.len() {
+                let end = find_newline(&input[pos..]).map_or(input.len(), |k| pos + k);
+                let blank = is_blank(&input[pos..end]);
+                pos = end + 1;
+                if !blank {
+                    break;
+                }
+            }
+            min_cut = pos;
+        }
+        let mut parts = Vec::new();
+        let mut start = 0;
+        let mut next = PART_BYTES;
+        while next < input.len() {
+            // The first line start at or after `next`: just past the first `\n` at or after
+            // `next - 1`.
+            let Some(k) = find_newline(&input[next - 1..]) else {
+                break;
+            };
+            let cut = next + k;
+            if cut >= input.len() {
+                break;
+            }
+            if cut >= min_cut {
+                parts.push(Part {
+                    range: start..cut,
+                    header: start == 0 && header,
+                });
+                start = cut;
+            }
+            next = (cut / PART_BYTES + 1) * PART_BYTES;
+        }
+        parts.push(Part {
+            range: start..input.len(),
+            header: start == 0 && header,
+        });
+        parts
+    }
+
+    /// Decodes `part` of the file `input` (see [`Decoder::parts`]), appending to `out` as
+    /// [`Decoder::decode`] does for a whole file, with the file's line numbers.
+    ///
+    /// # Errors
+    /// As [`Decoder::decode`].
+    pub fn decode_part(
+        &mut self,
+        input: &[u8],
+        part: &Part,
+        origin: &str,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
         let mut local = Decoded::default();
-        match self.decode_lines(input, origin, &mut local) {
+        // Line numbers are counted from the part's start, and moved by the lines before it
+        // only when some are reported (counting them costs a pass over those bytes).
+        let lines_before = || count_lines(&input[..part.range.start]);
+        match self.decode_lines(input, part, origin, &mut local) {
             Ok(()) => {
+                if part.range.start > 0 && !local.malformed.is_empty() {
+                    let before = lines_before();
+                    for record in &mut local.malformed {
+                        record.line += before;
+                    }
+                }
                 out.append(local);
                 Ok(())
             }
-            Err(e) => {
+            Err(mut e) => {
                 // Drop the partial batch so that the next file starts clean.
                 for c in self.columns.iter_mut().chain(self.corrupt.as_mut()) {
                     let _partial = c.finish();
                 }
                 self.rows = 0;
                 self.batch_bytes = 0;
+                if let DecodeError::Malformed { line, .. } | DecodeError::LineTooLong { line, .. } =
+                    &mut e
+                    && part.range.start > 0
+                {
+                    *line += lines_before();
+                }
                 Err(e)
             }
         }
@@ -440,15 +550,26 @@ impl Decoder {
     fn decode_lines(
         &mut self,
         input: &[u8],
+        part: &Part,
         origin: &str,
         out: &mut Decoded,
     ) -> Result<(), DecodeError> {
-        // One validation pass over the whole file; per-line checks only if it fails.
+        let file = input;
+        let input = &file[part.range.clone()];
+        // One validation pass over the whole part; per-line checks only if it fails. (A part
+        // starts at a line start, never inside a UTF-8 sequence.)
         let file_utf8 = input.is_ascii() || std::str::from_utf8(input).is_ok();
-        let mut skip_header = matches!(&self.options.format, Format::Csv(o) if o.header);
+        let mut skip_header = part.header;
         let mut pos = 0;
+        // Lines from the part's start (`decode_part` adds those before it).
         let mut line_no = 0u64;
+        // The next cut by position, in the file's bytes.
+        let mut next_cut = (part.range.start / PART_BYTES + 1) * PART_BYTES;
         while pos < input.len() {
+            if part.range.start + pos >= next_cut {
+                self.flush(origin, out)?;
+                next_cut = ((part.range.start + pos) / PART_BYTES + 1) * PART_BYTES;
+            }
             let end = find_newline(&input[pos..]).map_or(input.len(), |k| pos + k);
             let mut line = &input[pos..end];
             pos = end + 1;
@@ -456,7 +577,7 @@ impl Decoder {
             if let [rest @ .., b'\r'] = line {
                 line = rest;
             }
-            if line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r')) {
+            if is_blank(line) {
                 continue;
             }
             if skip_header {
@@ -581,6 +702,17 @@ fn load8(s: &[u8], i: usize) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&s[i..i + 8]);
     u64::from_le_bytes(word)
+}
+
+/// How many `\n` `bytes` holds.
+fn count_lines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
+}
+
+/// Whether a line holds only spaces, tabs and carriage returns.
+#[inline]
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r'))
 }
 
 /// Position of the first `\n`, eight bytes at a time.

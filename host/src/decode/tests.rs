@@ -733,8 +733,11 @@ fn throughput_check_is_correct_on_100k_lines() {
     }
     assert_eq!(out.num_input_rows, n as u64);
     assert_eq!(out.num_malformed, bad as u64);
+    // One batch per megabyte of the file (below the 65,536 rows of a batch).
     let sizes: Vec<usize> = out.batches.iter().map(RecordBatch::num_rows).collect();
-    assert_eq!(sizes, vec![65_536, n - 65_536]);
+    assert_eq!(sizes.len(), input.len().div_ceil(PART_BYTES));
+    assert_eq!(sizes.iter().sum::<usize>(), n);
+    assert!(sizes.iter().all(|&s| s < 65_536));
     let mut sum = 0i128;
     let mut last_id = None;
     for b in &out.batches {
@@ -757,4 +760,128 @@ fn throughput_check_is_correct_on_100k_lines() {
         [Some("completed".into()), Some("pending".into())]
     );
     assert_eq!(ts(first, "occurred_at")[61], Some(MAR1 + 61_061_000));
+}
+
+/// A file of `lines` lines with blank lines, a CSV header when `csv`, and every 97th line
+/// malformed.
+fn mixed_file(lines: usize, csv: bool) -> String {
+    let mut text = String::new();
+    if csv {
+        text.push_str("\n  \nid,name\n");
+    }
+    for i in 0..lines {
+        if i % 53 == 7 {
+            text.push_str(" \r\n");
+        }
+        let line = match (csv, i % 97 == 5) {
+            (false, false) => format!("{{\"id\":{i},\"name\":\"n-{i:08}\"}}\n"),
+            (false, true) => format!("{{\"id\":\"x{i}\",\"name\":\"n-{i:08}\"}}\n"),
+            (true, false) => format!("{i},n-{i:08}\n"),
+            (true, true) => format!("{i},n-{i:08},extra\n"),
+        };
+        text.push_str(&line);
+    }
+    text
+}
+
+#[test]
+fn a_file_decoded_in_parts_gives_the_batches_of_the_whole_file() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    for csv in [false, true] {
+        let n = 160_000;
+        let text = mixed_file(n, csv);
+        let input = text.as_bytes();
+        assert!(input.len() > 2 * PART_BYTES);
+        for policy in [
+            MalformedPolicy::Permissive,
+            MalformedPolicy::Drop,
+            MalformedPolicy::DeadLetter,
+            MalformedPolicy::Fail,
+        ] {
+            let format = if csv {
+                Format::Csv(CsvOptions::default())
+            } else {
+                Format::JsonLines
+            };
+            let opts = DecoderOptions {
+                format,
+                policy,
+                batch_size: 700,
+            };
+            let mut whole = Decoder::new(Arc::clone(&schema), opts.clone()).unwrap();
+            let mut expected = Decoded::default();
+            let expected_err = whole.decode(input, "f", &mut expected).err();
+            {
+                let parts = whole.parts(input);
+                assert_eq!(parts.len(), input.len().div_ceil(PART_BYTES), "csv {csv}");
+                assert_eq!(parts[0].range.start, 0);
+                assert_eq!(parts.last().unwrap().range.end, input.len());
+                assert!(parts.windows(2).all(|w| w[0].range.end == w[1].range.start));
+                assert_eq!(parts[0].header, csv);
+                assert!(parts[1..].iter().all(|p| !p.header));
+                let mut got = Decoded::default();
+                let mut got_err = None;
+                for part in &parts {
+                    let mut d = whole.fork();
+                    if let Err(e) = d.decode_part(input, part, "f", &mut got) {
+                        got_err = Some(e);
+                        break;
+                    }
+                }
+                let what = format!("csv {csv}, {policy:?}");
+                assert_eq!(
+                    got_err.map(|e| e.to_string()),
+                    expected_err.as_ref().map(ToString::to_string),
+                    "{what}"
+                );
+                if expected_err.is_some() {
+                    continue;
+                }
+                // The same batches, cut at the same rows, and the same counts and letters.
+                let sizes =
+                    |d: &Decoded| d.batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+                assert_eq!(sizes(&got), sizes(&expected), "{what}");
+                assert_eq!(got.batches, expected.batches, "{what}");
+                assert_eq!(got.num_input_rows, expected.num_input_rows, "{what}");
+                assert_eq!(got.num_malformed, expected.num_malformed, "{what}");
+                assert_eq!(got.malformed, expected.malformed, "{what}");
+            }
+            match policy {
+                MalformedPolicy::Fail => {
+                    let err = expected_err.unwrap().to_string();
+                    let line = if csv { 4 + 5 } else { 5 + 1 };
+                    assert!(err.contains(&format!("f:{line}:")), "{err}");
+                }
+                _ => {
+                    assert_eq!(expected.num_input_rows, n as u64);
+                    let malformed = (0..n).filter(|i| i % 97 == 5).count();
+                    assert_eq!(expected.num_malformed, malformed as u64);
+                    // Cut every 700 rows and at each megabyte: the batches before a megabyte
+                    // boundary are shorter.
+                    let short = expected.batches[..expected.batches.len() - 1]
+                        .iter()
+                        .filter(|b| b.num_rows() < 700)
+                        .count();
+                    assert_eq!(short, input.len() / PART_BYTES, "csv {csv}, {policy:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn small_files_stay_whole() {
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let d = Decoder::new(schema, DecoderOptions::default()).unwrap();
+    let input = b"{\"id\":1}\n{\"id\":2}\n";
+    assert_eq!(
+        d.parts(input),
+        [Part {
+            range: 0..input.len(),
+            header: false
+        }]
+    );
 }

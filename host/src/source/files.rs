@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Recorded, Source, SourceBatch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::decode::{DecodeError, Decoded, Decoder, ParquetDecoder};
+use crate::decode::{DecodeError, Decoded, Decoder, ParquetDecoder, Part};
 
 /// One file a batch reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -336,14 +336,8 @@ struct BatchFiles<'a> {
 }
 
 impl BatchFiles<'_> {
-    /// Reads `file` into `buf` and decodes it into `decoded`.
-    fn read(
-        &self,
-        decoder: &mut FileDecoder,
-        file: &FileEntry,
-        buf: &mut Vec<u8>,
-        decoded: &mut Decoded,
-    ) -> Result<(), SourceError> {
+    /// Reads `file` into `buf`.
+    fn load(&self, file: &FileEntry, buf: &mut Vec<u8>) -> Result<(), SourceError> {
         let path = self.dir.join(&file.name);
         read_prefix(&path, file.size, buf).map_err(|e| match e {
             ReadError::Io(error) => SourceError::Read {
@@ -368,8 +362,31 @@ impl BatchFiles<'_> {
                 expected: file.size,
                 actual,
             },
-        })?;
-        let origin = path.display().to_string();
+        })
+    }
+
+    /// How errors and dead letters name `file`.
+    fn origin(&self, file: &FileEntry) -> String {
+        self.dir.join(&file.name).display().to_string()
+    }
+
+    fn decode_error(&self, error: DecodeError) -> SourceError {
+        SourceError::Decode {
+            source_name: self.name.to_owned(),
+            error,
+        }
+    }
+
+    /// Reads `file` into `buf` and decodes it into `decoded`.
+    fn read(
+        &self,
+        decoder: &mut FileDecoder,
+        file: &FileEntry,
+        buf: &mut Vec<u8>,
+        decoded: &mut Decoded,
+    ) -> Result<(), SourceError> {
+        self.load(file, buf)?;
+        let origin = self.origin(file);
         let result = match decoder {
             FileDecoder::Lines(decoder) => decoder.decode(buf, &origin, decoded),
             // The recorded bytes, handed over without a copy (the buffer is not reused).
@@ -377,11 +394,79 @@ impl BatchFiles<'_> {
                 decoder.decode(bytes::Bytes::from(std::mem::take(buf)), &origin, decoded)
             }
         };
-        result.map_err(|error| SourceError::Decode {
-            source_name: self.name.to_owned(),
-            error,
-        })
+        result.map_err(|error| self.decode_error(error))
     }
+}
+
+/// Runs `job` for units `0..units` on this thread (with `decoder` and `buf`) and one thread
+/// per worker, each taking the next unit in turn; returns each unit's result in unit order.
+/// No unit past one that failed is started, so the results up to the first error are all
+/// there.
+fn in_parallel<J>(
+    decoder: &mut FileDecoder,
+    buf: &mut Vec<u8>,
+    workers: &mut [(FileDecoder, Vec<u8>)],
+    units: usize,
+    job: J,
+) -> Vec<Option<Result<Decoded, SourceError>>>
+where
+    J: Fn(&mut FileDecoder, &mut Vec<u8>, usize) -> Result<Decoded, SourceError> + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let failed_at = AtomicUsize::new(usize::MAX);
+    let work = |decoder: &mut FileDecoder, buf: &mut Vec<u8>| {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= units || i > failed_at.load(Ordering::Relaxed) {
+                return done;
+            }
+            let result = job(decoder, buf, i);
+            if result.is_err() {
+                failed_at.fetch_min(i, Ordering::Relaxed);
+            }
+            done.push((i, result));
+        }
+    };
+    let mut results: Vec<Option<Result<Decoded, SourceError>>> =
+        std::iter::repeat_with(|| None).take(units).collect();
+    std::thread::scope(|scope| {
+        let others: Vec<_> = workers
+            .iter_mut()
+            .map(|(decoder, buf)| {
+                let work = &work;
+                scope.spawn(move || work(decoder, buf))
+            })
+            .collect();
+        for (i, result) in work(decoder, buf) {
+            results[i] = Some(result);
+        }
+        for other in others {
+            let done = other
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+    });
+    results
+}
+
+/// Appends the results of [`in_parallel`] to `decoded` in order, up to the first error.
+fn join_in_order(
+    results: Vec<Option<Result<Decoded, SourceError>>>,
+    decoded: &mut Decoded,
+) -> Result<(), SourceError> {
+    for result in results {
+        match result {
+            Some(Ok(one)) => decoded.append(one),
+            Some(Err(error)) => return Err(error),
+            // Only after an error, which came first.
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 /// A read buffer larger than this is released after its batch.
@@ -391,10 +476,12 @@ impl FilesSource {
     /// Reads and decodes the files of one batch, as the source log entry
     /// `entry` lists them (already checked by [`FilesLogEntry::check`]).
     ///
-    /// With more than one thread, the threads take the files one at a time in order, each
-    /// decoding into a result of its own; the results are then joined in file order, so the
-    /// batch's rows, counts, dead letters and first error are those of one thread reading
-    /// the files in turn. A thread takes no file past one that failed.
+    /// With more than one thread, the threads take units of work one at a time in order:
+    /// whole files when there are at least as many files as threads, otherwise parts of
+    /// files that start where a batch starts ([`Decoder::parts`]). Each unit is decoded into
+    /// a result of its own, and the results are joined in order, so the batch's rows, its
+    /// sub-batches, counts, dead letters and first error are those of one thread reading
+    /// the files in turn.
     fn read_files(
         &mut self,
         files: &[FileEntry],
@@ -409,69 +496,39 @@ impl FilesSource {
             entry,
             batch_id,
         };
-        let threads = self.threads.get().min(files.len());
-        if threads <= 1 {
+        let threads = self.threads.get();
+        if threads <= 1 || files.is_empty() {
             for file in files {
                 batch.read(&mut self.decoder, file, buf, decoded)?;
             }
             return Ok(());
         }
-        while self.workers.len() < threads - 1 {
+        let lines = matches!(self.decoder, FileDecoder::Lines(_));
+        let split = lines && files.len() < threads;
+        let used = if split {
+            threads
+        } else {
+            threads.min(files.len())
+        };
+        while self.workers.len() < used - 1 {
             self.workers.push((self.decoder.fork(), Vec::new()));
         }
-        let next = AtomicUsize::new(0);
-        let failed_at = AtomicUsize::new(usize::MAX);
-        let work = |decoder: &mut FileDecoder, buf: &mut Vec<u8>| {
-            let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= files.len() || i > failed_at.load(Ordering::Relaxed) {
-                    return done;
-                }
+        let workers = &mut self.workers[..used - 1];
+        let result = if split {
+            read_parts(&batch, files, &mut self.decoder, buf, workers, decoded)
+        } else {
+            let results = in_parallel(&mut self.decoder, buf, workers, files.len(), |d, b, i| {
                 let mut one = Decoded::default();
-                let result = batch.read(decoder, &files[i], buf, &mut one);
-                if result.is_err() {
-                    failed_at.fetch_min(i, Ordering::Relaxed);
-                }
-                done.push((i, result.map(|()| one)));
-            }
+                batch.read(d, &files[i], b, &mut one).map(|()| one)
+            });
+            join_in_order(results, decoded)
         };
-        let mut results: Vec<Option<Result<Decoded, SourceError>>> =
-            std::iter::repeat_with(|| None).take(files.len()).collect();
-        std::thread::scope(|scope| {
-            let others: Vec<_> = self.workers[..threads - 1]
-                .iter_mut()
-                .map(|(decoder, buf)| {
-                    let work = &work;
-                    scope.spawn(move || work(decoder, buf))
-                })
-                .collect();
-            for (i, result) in work(&mut self.decoder, buf) {
-                results[i] = Some(result);
-            }
-            for other in others {
-                let done = other
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                for (i, result) in done {
-                    results[i] = Some(result);
-                }
-            }
-        });
         for (_, buf) in &mut self.workers {
             if buf.capacity() > KEEP_BUFFER_BYTES {
                 *buf = Vec::new();
             }
         }
-        // Every file before the first failure was decoded; none is missing before it.
-        for result in results {
-            match result {
-                Some(Ok(one)) => decoded.append(one),
-                Some(Err(error)) => return Err(error),
-                None => break,
-            }
-        }
-        Ok(())
+        result
     }
 
     /// Opens the source, learning from the checkpoint which files earlier
@@ -716,6 +773,58 @@ impl Source for FilesSource {
     }
 }
 
+/// Fewer files than threads: reads them all (into `buf` and the workers' buffers, one file
+/// each), splits each into parts, and decodes the parts on all threads.
+fn read_parts(
+    batch: &BatchFiles<'_>,
+    files: &[FileEntry],
+    decoder: &mut FileDecoder,
+    buf: &mut Vec<u8>,
+    workers: &mut [(FileDecoder, Vec<u8>)],
+    decoded: &mut Decoded,
+) -> Result<(), SourceError> {
+    let FileDecoder::Lines(lines) = &*decoder else {
+        unreachable!("only line files are split into parts");
+    };
+    // One buffer per file: `files.len()` is below the thread count, so there are enough.
+    let mut texts: Vec<Vec<u8>> = std::iter::once(std::mem::take(buf))
+        .chain(workers.iter_mut().map(|(_, b)| std::mem::take(b)))
+        .take(files.len())
+        .collect();
+    let mut read_error = None;
+    let mut loaded = 0;
+    for (file, text) in files.iter().zip(&mut texts) {
+        if let Err(error) = batch.load(file, text) {
+            read_error = Some(error);
+            break;
+        }
+        loaded += 1;
+    }
+    let units: Vec<(usize, Part)> = (0..loaded)
+        .flat_map(|f| lines.parts(&texts[f]).into_iter().map(move |p| (f, p)))
+        .collect();
+    let origins: Vec<String> = files[..loaded].iter().map(|f| batch.origin(f)).collect();
+    let results = in_parallel(decoder, &mut Vec::new(), workers, units.len(), |d, _, i| {
+        let FileDecoder::Lines(d) = d else {
+            unreachable!("the workers fork the source's decoder");
+        };
+        let (f, part) = &units[i];
+        let mut one = Decoded::default();
+        d.decode_part(&texts[*f], part, &origins[*f], &mut one)
+            .map(|()| one)
+            .map_err(|error| batch.decode_error(error))
+    });
+    // The buffers back where they came from, kept for the next batch.
+    let mut texts = texts.into_iter();
+    *buf = texts.next().unwrap_or_default();
+    for ((_, b), text) in workers.iter_mut().zip(texts) {
+        *b = text;
+    }
+    join_in_order(results, decoded)?;
+    // A file that could not be read fails the batch after the errors of those before it.
+    read_error.map_or(Ok(()), Err)
+}
+
 enum ReadError {
     Io(std::io::Error),
     /// The file holds fewer bytes (this many) than the size to read.
@@ -904,24 +1013,45 @@ mod tests {
         }
     }
 
-    /// What reading a batch gave: its rows as JSON values, its input and malformed counts,
-    /// its dead letters (file, line).
-    type BatchRead = (Vec<serde_json::Value>, u64, u64, Vec<(String, u64)>);
+    /// What reading a batch gave: its rows as JSON values, its sub-batches' sizes, its input
+    /// and malformed counts, its dead letters (file, line).
+    type BatchRead = (
+        Vec<serde_json::Value>,
+        Vec<usize>,
+        u64,
+        u64,
+        Vec<(String, u64)>,
+    );
 
     /// Batch 0 of nine files (two with a malformed line) read with `policy` on `threads`
     /// threads, or the error.
     fn read_nine(threads: usize, policy: MalformedPolicy) -> Result<BatchRead, String> {
+        let files = (0..9)
+            .map(|f| {
+                let mut text = String::new();
+                for r in 0..(1 + f * 700) {
+                    if (f == 3 || f == 6) && r == 5 {
+                        text.push_str("{\"id\": oops}\n");
+                    }
+                    text.push_str(&format!("{{\"id\":{}}}\n", f * 10_000 + r));
+                }
+                text
+            })
+            .collect();
+        read_batch(files, threads, policy)
+    }
+
+    /// Batch 0 of `files` (named `f0.json`, ...) read with `policy` on `threads` threads.
+    fn read_batch(
+        files: Vec<String>,
+        threads: usize,
+        policy: MalformedPolicy,
+    ) -> Result<BatchRead, String> {
+        let count = files.len();
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
         std::fs::create_dir_all(&input).unwrap();
-        for f in 0..9 {
-            let mut text = String::new();
-            for r in 0..(1 + f * 700) {
-                if (f == 3 || f == 6) && r == 5 {
-                    text.push_str("{\"id\": oops}\n");
-                }
-                text.push_str(&format!("{{\"id\":{}}}\n", f * 10_000 + r));
-            }
+        for (f, text) in files.into_iter().enumerate() {
             std::fs::write(input.join(format!("f{f}.json")), text).unwrap();
         }
         let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
@@ -944,14 +1074,21 @@ mod tests {
         )
         .unwrap()
         .with_threads(NonZeroUsize::new(threads).unwrap());
-        assert_eq!(source.poll(&checkpoint, false).unwrap(), 9);
+        assert_eq!(source.poll(&checkpoint, false).unwrap(), count as u64);
         plan(&mut source, &checkpoint, 0);
         let batch = source
             .read(&checkpoint, 0, &recorded(&checkpoint, 0))
             .map_err(|e| e.to_string().replace(&input.display().to_string(), "IN"))?;
-        // The other threads' decoders were made and kept: the batch was read on them.
-        assert_eq!(source.workers.len(), threads.min(9) - 1);
+        // The other threads' decoders were made and kept: the batch was read on them (on
+        // every thread when there are fewer files than threads).
+        let used = if count < threads {
+            threads
+        } else {
+            threads.min(count)
+        };
+        assert_eq!(source.workers.len(), used - 1);
         let decoded = batch.decoded;
+        let sizes = decoded.batches.iter().map(RecordBatch::num_rows).collect();
         let mut rows = Vec::new();
         for b in &decoded.batches {
             assert!(b.num_rows() <= 1000);
@@ -967,7 +1104,13 @@ mod tests {
             .iter()
             .map(|m| (m.origin.replace(&input.display().to_string(), "IN"), m.line))
             .collect();
-        Ok((rows, decoded.num_input_rows, decoded.num_malformed, letters))
+        Ok((
+            rows,
+            sizes,
+            decoded.num_input_rows,
+            decoded.num_malformed,
+            letters,
+        ))
     }
 
     #[test]
@@ -993,7 +1136,7 @@ mod tests {
                     assert!(err.contains("IN/f3.json:6"), "{err}");
                 }
                 _ => {
-                    let (rows, input, malformed, letters) = one.unwrap();
+                    let (rows, _, input, malformed, letters) = one.unwrap();
                     assert_eq!(input, (0..9).map(|f| 1 + f * 700).sum::<u64>() + 2);
                     assert_eq!(malformed, 2);
                     let kept = if policy == MalformedPolicy::Permissive {
@@ -1011,6 +1154,42 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn threads_decode_parts_of_one_large_file_as_one_thread_does() {
+        // 200,000 lines of about 14 bytes: three parts of 1 MB or less, batches of 1,000 rows.
+        let mut text = String::new();
+        for r in 0..200_000 {
+            if r % 1_001 == 17 {
+                text.push_str("{\"id\": oops}\n");
+            }
+            text.push_str(&format!("{{\"id\":{r}}}\n"));
+        }
+        for policy in [
+            MalformedPolicy::Permissive,
+            MalformedPolicy::Drop,
+            MalformedPolicy::DeadLetter,
+            MalformedPolicy::Fail,
+        ] {
+            let one = read_batch(vec![text.clone()], 1, policy);
+            for threads in [2, 4] {
+                assert_eq!(
+                    read_batch(vec![text.clone()], threads, policy),
+                    one,
+                    "{policy:?}, {threads} threads"
+                );
+            }
+            if policy == MalformedPolicy::DeadLetter {
+                let (_, sizes, input, malformed, letters) = one.unwrap();
+                assert_eq!(malformed, 200);
+                assert_eq!(input, 200_200);
+                // Cut every 1,000 rows and at each megabyte: two batches are shorter.
+                assert_eq!(sizes.iter().sum::<usize>(), 200_000);
+                assert_eq!(sizes.iter().filter(|&&n| n < 1_000).count(), 3);
+                assert_eq!(letters[199], ("IN/f0.json".to_owned(), 199 * 1_002 + 18));
             }
         }
     }
