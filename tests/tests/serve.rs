@@ -198,6 +198,20 @@ fn the_api_keeps_tenants_apart_and_runs_their_queries() -> Result<()> {
             .any(|k| k == "transform[0].limits.timeout"),
         "{reply}"
     );
+    // More decoding threads than the tenant's max_threads (default 1) are refused.
+    let (status, reply) = server.json(
+        "PUT",
+        "/v1/queries/wide",
+        ACME,
+        pipeline("wide", SQL, "")
+            .replacen("[query]\n", "[query]\nthreads = 2\n", 1)
+            .as_bytes(),
+    )?;
+    ensure!(status == 400, "threads over the ceiling: {status} {reply}");
+    ensure!(
+        problem_keys(&reply).iter().any(|k| k == "query.threads"),
+        "{reply}"
+    );
     ensure!(
         reply.to_string().contains("tenant acme"),
         "names the tenant: {reply}"

@@ -334,12 +334,26 @@ impl Host {
             // `spec::parse` reports the syntax error with its line and column.
             Err(_) => text.to_owned(),
         };
-        let pipeline = spec::parse(&text, &space.dir, &origin, &[]).map_err(ServeError::Invalid)?;
+        let mut pipeline =
+            spec::parse(&text, &space.dir, &origin, &[]).map_err(ServeError::Invalid)?;
         let confinement = spec::Confinement {
             policy: Some(&space.policy),
             cache_dir: self.cache_dir.as_deref(),
         };
         let mut problems = spec::confinement_problems(&pipeline, confinement);
+        // A query decodes on the threads the tenant may use: its ceiling, or fewer if asked.
+        let max_threads = space.tenant.max_threads;
+        match pipeline.query.threads {
+            Some(n) if n > max_threads => problems.push(Problem::new(
+                "query.threads",
+                format!(
+                    "{n} threads is over tenant {}'s max_threads of {max_threads}",
+                    space.tenant.name
+                ),
+            )),
+            Some(_) => {}
+            None => pipeline.query.threads = Some(max_threads),
+        }
         for plugin in &plugins {
             let path = space.dir.join(PLUGINS).join(format!("{plugin}.wasm"));
             if !path.is_file() {

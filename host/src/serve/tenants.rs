@@ -9,6 +9,7 @@
 //! came near.
 
 use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Duration;
 
@@ -33,6 +34,10 @@ pub struct Tenant {
     pub max_fuel: Option<u64>,
     /// Whether its pipelines may have webhook listeners (`[[listener]] url`).
     pub webhooks: bool,
+    /// The most `query.threads` a query of its may use, and what it gets when the pipeline
+    /// does not say: one core by default, so that a tenant's batch cannot take every core
+    /// of the host from its neighbours.
+    pub max_threads: NonZeroUsize,
 }
 
 /// Who else may read: the operator's token sees every tenant's metrics.
@@ -78,6 +83,7 @@ struct RawTenant {
     max_fuel: Option<u64>,
     #[serde(default)]
     webhooks: bool,
+    max_threads: Option<usize>,
 }
 
 /// Whether `name` may name a tenant, a query or a plugin: it becomes a folder or file name and
@@ -176,6 +182,16 @@ pub fn parse_tenants(text: &str, origin: &str) -> Result<Tenants, SpecErrors> {
                 "must be longer than zero",
             ));
         }
+        let max_threads = match t.max_threads {
+            None => NonZeroUsize::MIN,
+            Some(n) => NonZeroUsize::new(n).unwrap_or_else(|| {
+                problems.push(Problem::new(
+                    format!("{at}.max_threads"),
+                    "must be at least 1",
+                ));
+                NonZeroUsize::MIN
+            }),
+        };
         tenants.push(Tenant {
             name: t.name,
             digest: d,
@@ -184,6 +200,7 @@ pub fn parse_tenants(text: &str, origin: &str) -> Result<Tenants, SpecErrors> {
             max_timeout,
             max_fuel: t.max_fuel,
             webhooks: t.webhooks,
+            max_threads,
         });
     }
     let operator = match raw.operator {
@@ -243,6 +260,7 @@ impl Tenant {
             "max_timeout": crate::spec::format_duration(self.max_timeout),
             "max_fuel": self.max_fuel,
             "webhooks": self.webhooks,
+            "max_threads": self.max_threads,
         })
     }
 }
@@ -259,7 +277,7 @@ mod tests {
     fn reads_tenants_and_finds_callers_by_token() {
         let text = format!(
             "[[tenant]]\nname = \"acme\"\ntoken_sha256 = \"{}\"\nmax_queries = 3\nmemory = \"512 MiB\"\n\n\
-             [[tenant]]\nname = \"zeta\"\ntoken_sha256 = \"{}\"\nmax_fuel = 1000000\n\n\
+             [[tenant]]\nname = \"zeta\"\ntoken_sha256 = \"{}\"\nmax_fuel = 1000000\nmax_threads = 4\n\n\
              [operator]\ntoken_sha256 = \"{}\"\n",
             sha("a-token"),
             sha("z-token"),
@@ -271,6 +289,8 @@ mod tests {
         assert_eq!(t.tenants[0].memory_bytes, 512 << 20);
         assert_eq!(t.tenants[1].max_queries, DEFAULT_MAX_QUERIES);
         assert_eq!(t.tenants[1].max_fuel, Some(1_000_000));
+        assert_eq!(t.tenants[0].max_threads.get(), 1);
+        assert_eq!(t.tenants[1].max_threads.get(), 4);
         assert!(matches!(t.caller("a-token"), Some(Caller::Tenant(x)) if x.name == "acme"));
         assert!(matches!(t.caller("z-token"), Some(Caller::Tenant(x)) if x.name == "zeta"));
         assert_eq!(t.caller("op-token"), Some(Caller::Operator));
@@ -282,7 +302,7 @@ mod tests {
     fn reports_every_problem() {
         let text = format!(
             "[[tenant]]\nname = \"Acme\"\ntoken_sha256 = \"xyz\"\n\n\
-             [[tenant]]\nname = \"b\"\ntoken_sha256 = \"{0}\"\nmemory = \"0 B\"\n\n\
+             [[tenant]]\nname = \"b\"\ntoken_sha256 = \"{0}\"\nmemory = \"0 B\"\nmax_threads = 0\n\n\
              [[tenant]]\nname = \"b\"\ntoken_sha256 = \"{0}\"\n",
             sha("t")
         );
@@ -294,6 +314,7 @@ mod tests {
                 "tenant[0].name",
                 "tenant[0].token_sha256",
                 "tenant[1].memory",
+                "tenant[1].max_threads",
                 "tenant[2].name",
                 "tenant[2].token_sha256"
             ],
