@@ -165,13 +165,7 @@ on_malformed = "drop"
         if s.rows != records as u64 {
             bail!("read {} records, produced {records}", s.rows);
         }
-        eprintln!(
-            "kafka: {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
-            s.rows,
-            s.wall.as_secs_f64(),
-            s.cpu.as_secs_f64(),
-            s.max_rss_kb / 1024
-        );
+        eprintln!("kafka: {s}");
         samples.push(s);
     }
     std::fs::remove_dir_all(&runs_dir)?;

@@ -90,6 +90,31 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// The samples of one kind (a variant, a thread count): their count, rows, medians of wall
+/// and CPU seconds, and largest peak RSS in MB.
+struct Summary {
+    runs: usize,
+    rows: u64,
+    wall: f64,
+    cpu: f64,
+    rss_mb: i64,
+}
+
+fn summarise<K: PartialEq>(samples: &[(K, Sample)], kind: &K) -> Summary {
+    let of: Vec<Sample> = samples
+        .iter()
+        .filter(|(k, _)| k == kind)
+        .map(|(_, s)| *s)
+        .collect();
+    Summary {
+        runs: of.len(),
+        rows: of.first().map_or(0, |s| s.rows),
+        wall: median(of.iter().map(|s| s.wall.as_secs_f64()).collect()),
+        cpu: median(of.iter().map(|s| s.cpu.as_secs_f64()).collect()),
+        rss_mb: of.iter().map(|s| s.max_rss_kb).max().unwrap_or(0) / 1024,
+    }
+}
+
 /// One measured child run.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -97,6 +122,19 @@ struct Sample {
     cpu: Duration,
     max_rss_kb: i64,
     rows: u64,
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
+            self.rows,
+            self.wall.as_secs_f64(),
+            self.cpu.as_secs_f64(),
+            self.max_rss_kb / 1024
+        )
+    }
 }
 
 fn pipeline(args: &[String]) -> Result<()> {
@@ -133,13 +171,7 @@ fn pipeline(args: &[String]) -> Result<()> {
         for variant in VARIANTS {
             let file = write_pipeline(&work, &input, variant, &run.to_string())?;
             let s = measure(&exe, &cache, variant, &file)?;
-            eprintln!(
-                "{variant}: {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
-                s.rows,
-                s.wall.as_secs_f64(),
-                s.cpu.as_secs_f64(),
-                s.max_rss_kb / 1024
-            );
+            eprintln!("{variant}: {s}");
             samples.push((variant, s));
         }
     }
@@ -155,19 +187,16 @@ fn pipeline(args: &[String]) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|");
     let mut per_cpu = Vec::new();
     for variant in VARIANTS {
-        let of: Vec<Sample> = samples
-            .iter()
-            .filter(|(v, _)| *v == variant)
-            .map(|(_, s)| *s)
-            .collect();
-        let rows = of[0].rows;
-        let wall = median(of.iter().map(|s| s.wall.as_secs_f64()).collect());
-        let cpu = median(of.iter().map(|s| s.cpu.as_secs_f64()).collect());
-        let rss = of.iter().map(|s| s.max_rss_kb).max().unwrap_or(0) / 1024;
+        let Summary {
+            runs,
+            rows,
+            wall,
+            cpu,
+            rss_mb: rss,
+        } = summarise(&samples, &variant);
         per_cpu.push(cpu);
         println!(
-            "| {variant} | {} | {rows} | {wall:.3} | {cpu:.3} | {:.0} | {:.0} | {rss} |",
-            of.len(),
+            "| {variant} | {runs} | {rows} | {wall:.3} | {cpu:.3} | {:.0} | {:.0} | {rss} |",
             rows as f64 / cpu,
             rows as f64 / wall
         );

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::{Sample, flag, measure, median};
+use super::{Sample, Summary, flag, measure, summarise};
 
 pub(crate) fn threads(args: &[String]) -> Result<()> {
     let input =
@@ -42,13 +42,7 @@ pub(crate) fn threads(args: &[String]) -> Result<()> {
     for run in 0..runs {
         for t in counts {
             let s = measure(&exe, &cache, "none", &file(t, &run.to_string())?)?;
-            eprintln!(
-                "{t} thread(s): {} rows in {:.2} s wall, {:.2} CPU-s, peak RSS {} MB",
-                s.rows,
-                s.wall.as_secs_f64(),
-                s.cpu.as_secs_f64(),
-                s.max_rss_kb / 1024
-            );
+            eprintln!("{t} thread(s): {s}");
             samples.push((t, s));
         }
     }
@@ -60,21 +54,18 @@ pub(crate) fn threads(args: &[String]) -> Result<()> {
     println!("|---|---|---|---|---|---|---|");
     let mut medians = Vec::new();
     for t in counts {
-        let of: Vec<Sample> = samples
-            .iter()
-            .filter(|(n, _)| *n == t)
-            .map(|(_, s)| *s)
-            .collect();
-        let rows = of[0].rows;
-        if of.iter().any(|s| s.rows != rows) || samples.iter().any(|(_, s)| s.rows != rows) {
+        let Summary {
+            runs,
+            rows,
+            wall,
+            cpu,
+            rss_mb,
+        } = summarise(&samples, &t);
+        if samples.iter().any(|(_, s)| s.rows != rows) {
             bail!("the runs read different row counts");
         }
-        let wall = median(of.iter().map(|s| s.wall.as_secs_f64()).collect());
-        let cpu = median(of.iter().map(|s| s.cpu.as_secs_f64()).collect());
-        let rss = of.iter().map(|s| s.max_rss_kb).max().unwrap_or(0) / 1024;
         println!(
-            "| {t} | {} | {rows} | {wall:.3} | {cpu:.3} | {:.0} | {rss} |",
-            of.len(),
+            "| {t} | {runs} | {rows} | {wall:.3} | {cpu:.3} | {:.0} | {rss_mb} |",
             rows as f64 / cpu
         );
         medians.push((wall, cpu));
