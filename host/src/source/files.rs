@@ -205,6 +205,38 @@ impl FileDecoder {
         }
     }
 
+    /// The parts `input` can be decoded in on threads of their own ([`Decoder::parts`]); a
+    /// Parquet file is one part.
+    fn parts(&self, input: &[u8]) -> Vec<Part> {
+        match self {
+            Self::Lines(d) => d.parts(input),
+            Self::Parquet(_) => vec![Part {
+                range: 0..input.len(),
+                header: false,
+            }],
+        }
+    }
+
+    /// Decodes `part` of the file `input`, named `origin` ([`Decoder::decode_part`]). A
+    /// Parquet part is the whole file, copied out of `input`: read whole files into a buffer
+    /// of their own instead (see `BatchFiles::read`).
+    fn decode_part(
+        &mut self,
+        input: &[u8],
+        part: &Part,
+        origin: &str,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
+        match self {
+            Self::Lines(d) => d.decode_part(input, part, origin, out),
+            Self::Parquet(d) => d.decode(
+                bytes::Bytes::copy_from_slice(&input[part.range.clone()]),
+                origin,
+                out,
+            ),
+        }
+    }
+
     /// The schema of the batches decoded.
     pub fn output_schema(&self) -> &arrow_schema::SchemaRef {
         match self {
@@ -399,9 +431,9 @@ impl BatchFiles<'_> {
 }
 
 /// Runs `job` for units `0..units` on this thread (with `decoder` and `buf`) and one thread
-/// per worker, each taking the next unit in turn; returns each unit's result in unit order.
-/// No unit past one that failed is started, so the results up to the first error are all
-/// there.
+/// per worker (no more than the units left for them), each taking the next unit in turn;
+/// returns each unit's result in unit order. No unit past one that failed is started, so the
+/// results up to the first error are all there.
 fn in_parallel<J>(
     decoder: &mut FileDecoder,
     buf: &mut Vec<u8>,
@@ -430,6 +462,9 @@ where
     };
     let mut results: Vec<Option<Result<Decoded, SourceError>>> =
         std::iter::repeat_with(|| None).take(units).collect();
+    // A batch of one small file is one unit: no thread is started for it.
+    let helpers = workers.len().min(units.saturating_sub(1));
+    let workers = &mut workers[..helpers];
     std::thread::scope(|scope| {
         let others: Vec<_> = workers
             .iter_mut()
@@ -774,7 +809,8 @@ impl Source for FilesSource {
 }
 
 /// Fewer files than threads: reads them all (into `buf` and the workers' buffers, one file
-/// each), splits each into parts, and decodes the parts on all threads.
+/// each), splits each into parts, and decodes the parts on all threads. (The caller keeps
+/// Parquet files, which are one part each, to `in_parallel` over whole files.)
 fn read_parts(
     batch: &BatchFiles<'_>,
     files: &[FileEntry],
@@ -783,9 +819,6 @@ fn read_parts(
     workers: &mut [(FileDecoder, Vec<u8>)],
     decoded: &mut Decoded,
 ) -> Result<(), SourceError> {
-    let FileDecoder::Lines(lines) = &*decoder else {
-        unreachable!("only line files are split into parts");
-    };
     // One buffer per file: `files.len()` is below the thread count, so there are enough.
     let mut texts: Vec<Vec<u8>> = std::iter::once(std::mem::take(buf))
         .chain(workers.iter_mut().map(|(_, b)| std::mem::take(b)))
@@ -801,13 +834,10 @@ fn read_parts(
         loaded += 1;
     }
     let units: Vec<(usize, Part)> = (0..loaded)
-        .flat_map(|f| lines.parts(&texts[f]).into_iter().map(move |p| (f, p)))
+        .flat_map(|f| decoder.parts(&texts[f]).into_iter().map(move |p| (f, p)))
         .collect();
     let origins: Vec<String> = files[..loaded].iter().map(|f| batch.origin(f)).collect();
     let results = in_parallel(decoder, &mut Vec::new(), workers, units.len(), |d, _, i| {
-        let FileDecoder::Lines(d) = d else {
-            unreachable!("the workers fork the source's decoder");
-        };
         let (f, part) = &units[i];
         let mut one = Decoded::default();
         d.decode_part(&texts[*f], part, &origins[*f], &mut one)
