@@ -345,6 +345,9 @@ fn offset_entry() -> impl Strategy<Value = OffsetEntry> {
             name,
             log_offset,
             watermark_ms,
+            // A real-time batch's cuts, on entries with offsets.
+            parts: (!kafka.is_empty())
+                .then(|| json!({ "partitions": [["t", 0]], "ends": [[1], [3]] })),
             recorded: if kafka.is_empty() {
                 Recorded::new()
             } else {

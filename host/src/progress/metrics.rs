@@ -336,6 +336,7 @@ mod tests {
 
     fn progress(batch: u64) -> QueryProgress {
         QueryProgress {
+            latency_ms: None,
             id: "id".into(),
             run_id: "run".into(),
             name: "q".into(),

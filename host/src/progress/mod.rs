@@ -35,6 +35,10 @@ pub struct QueryProgress {
     /// Weir's addition: what each `[[listener]]` heard so far.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<ListenerProgress>,
+    /// Weir's addition, real-time mode: how long the batch's rows took from their source
+    /// (a Kafka record's timestamp, else when the part was read) to the sink's write, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<LatencyProgress>,
     /// `timestamp` and `eventTime.watermark` in ms since the epoch, for the metrics (not in the
     /// record: Spark's has only the strings).
     #[serde(skip)]
@@ -54,6 +58,16 @@ pub struct SourceProgress {
     pub input_rows_per_second: f64,
     pub processed_rows_per_second: f64,
     pub metrics: BTreeMap<&'static str, String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencyProgress {
+    pub rows: u64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]

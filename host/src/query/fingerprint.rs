@@ -200,6 +200,10 @@ pub fn of(
             Trigger::Once => "once".to_owned(),
             Trigger::ProcessingTime(d) => format!("every {} ms", d.as_millis()),
             Trigger::Continuous => "continuous".to_owned(),
+            Trigger::RealTime(rt) => format!(
+                "real-time, durable every {} ms",
+                rt.checkpoint_interval.as_millis()
+            ),
         },
         "stateful": stateful,
         // Absent (null) without any, so that older checkpoints resume unchanged.

@@ -25,6 +25,7 @@ mod fingerprint;
 mod listeners;
 mod plan;
 mod plugins;
+mod real_time;
 mod recovery;
 mod reload;
 mod sinks;
@@ -242,6 +243,14 @@ pub struct SourceOffset {
     /// from which the query's is combined by `query.watermark_policy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// A real-time batch: where its parts were cut (see `real_time`), so that a replay runs
+    /// the same parts.
+    #[serde(
+        default,
+        rename = "realTimeParts",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub parts: Option<serde_json::Value>,
     /// What the source keeps here itself (a Kafka source: `kafka`, the end
     /// offset of every partition as Spark writes it, and `kafkaStart`).
     #[serde(flatten)]
@@ -696,6 +705,12 @@ impl Query {
                     }
                 }
             }
+            Trigger::RealTime(settings) => {
+                while !self.stopped() {
+                    self.run_interval(settings)?;
+                }
+                self.sources[0].end_parts();
+            }
         }
         // Every batch run so far is committed: the sink may now publish what it held back.
         self.sink.close()?;
@@ -832,6 +847,7 @@ impl Query {
                 name: source.name().to_owned(),
                 log_offset: n,
                 watermark_ms: with_watermark.then(|| self.source_watermarks_ms[i]),
+                parts: None,
                 recorded,
             });
         }
@@ -898,6 +914,33 @@ impl Query {
             }
         };
         Failpoint::check(self.options.failpoint().as_ref(), Phase::BeforeCommit, n);
+        self.commit_batch(
+            n,
+            &entry,
+            outcome,
+            usage_before,
+            since_last,
+            wal_ms,
+            trigger_start,
+        )
+    }
+
+    /// Commits batch `n` once the sink has it: state, then `commits/N` with the next
+    /// watermarks, then its progress record.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "two call sites, the batch's own figures"
+    )]
+    fn commit_batch(
+        &mut self,
+        n: u64,
+        entry: &OffsetEntry,
+        outcome: Outcome,
+        usage_before: Vec<(String, String, PluginUsage)>,
+        since_last: Option<Duration>,
+        wal_ms: u64,
+        trigger_start: Instant,
+    ) -> Result<(), QueryError> {
         let commit_started = Instant::now();
         // State first (version n), then the batch (§3 step 4).
         let mut state_metrics = Vec::new();
@@ -909,7 +952,7 @@ impl Query {
         let (next_watermark_ms, next_source_watermarks_ms) = match &self.watermark {
             None if !self.input_watermarks.is_empty() => {
                 // Only the inputs with a watermark take part (Spark's `withWatermark` nodes).
-                let before = per_source_watermarks(&entry, self.sources.len());
+                let before = per_source_watermarks(entry, self.sources.len());
                 let mut inputs = Vec::new();
                 let mut each = Vec::with_capacity(before.len());
                 for ((wm, s), w) in before
@@ -934,7 +977,7 @@ impl Query {
                 (global, each)
             }
             Some(w) => {
-                let inputs: Vec<i64> = per_source_watermarks(&entry, self.sources.len())
+                let inputs: Vec<i64> = per_source_watermarks(entry, self.sources.len())
                     .into_iter()
                     .zip(&outcome.sources)
                     .map(|(wm, s)| w.next(wm, s.event_time))
@@ -970,7 +1013,7 @@ impl Query {
         let latest_offset_ms = millis(std::mem::take(&mut self.poll_time));
         let record = self.progress(
             n,
-            &entry,
+            entry,
             &outcome,
             state_metrics,
             usage_before,
@@ -1077,6 +1120,7 @@ impl Query {
                 num_output_rows: outcome.output_rows,
                 metrics: BTreeMap::new(),
             },
+            latency_ms: outcome.latency.clone(),
             plugins: self
                 .plugin_usages()
                 .into_iter()
@@ -1131,17 +1175,53 @@ impl Query {
 
     /// Reads, transforms, runs the stateful operator and writes batch
     /// `info.batch_id`; writes nothing to the checkpoint but state pending
-    /// its commit.
+    /// its commit. A real-time batch is run again part by part, as its parts first ran.
     fn execute(&mut self, info: &BatchInfo, entry: &OffsetEntry) -> Result<Outcome, QueryError> {
         let n = info.batch_id;
-        let mut outputs: Vec<RecordBatch> = Vec::new();
-        let mut per_source = Vec::with_capacity(self.sources.len());
-        let (mut get_batch, mut add_batch) = (Duration::ZERO, Duration::ZERO);
-        // A stream-stream join's new rows, left and right.
-        let mut join_inputs: [Vec<RecordBatch>; 2] = [Vec::new(), Vec::new()];
-        // Every attempt starts from the state the previous batch committed (keyed state
-        // expiring by this batch's watermark), and joins the static table as it was planned;
-        // loading counts as adding the batch.
+        let mut run = BatchRun::new(self.sources.len());
+        self.begin_batch(n, entry, &mut run)?;
+        if let Some(first) = entry.sources.first()
+            && let Some(cuts) = &first.parts
+        {
+            self.sink.begin_parts(info)?;
+            self.sources[0].end_parts();
+            let parts = self.sources[0].split_parts(n, &first.recorded, cuts)?;
+            if parts.is_empty() {
+                self.run_part(info, entry, None, &mut run)?;
+            }
+            for recorded in parts {
+                let started = Instant::now();
+                let read = self.sources[0].read(&self.checkpoint, n, &recorded)?;
+                run.get_batch += started.elapsed();
+                self.run_part(info, entry, Some(read), &mut run)?;
+            }
+            self.finish_parts(info, &mut run)?;
+            return Ok(run.outcome());
+        }
+        let none = sources::Recorded::new();
+        for i in 0..self.sources.len() {
+            let get_started = Instant::now();
+            let recorded = entry.sources.get(i).map_or(&none, |s| &s.recorded);
+            let read = self.sources[i].read(&self.checkpoint, n, recorded)?;
+            run.get_batch += get_started.elapsed();
+            self.take_input(i, info, read, false, &mut run)?;
+        }
+        let add_started = Instant::now();
+        let outputs = self.operate(info, entry, &mut run)?;
+        run.output_rows += self.sink.write_batch(info, &self.output_schema, &outputs)?;
+        run.add_batch += add_started.elapsed();
+        Ok(run.outcome())
+    }
+
+    /// Loads the state the previous batch committed (every attempt starts from it, keyed state
+    /// expiring by this batch's watermark), and the static table as batch `n` was planned;
+    /// loading counts as adding the batch.
+    fn begin_batch(
+        &mut self,
+        n: u64,
+        entry: &OffsetEntry,
+        run: &mut BatchRun,
+    ) -> Result<(), QueryError> {
         let load_started = Instant::now();
         for stage in self.stateful_stages_mut() {
             stage.load(n.checked_sub(1), entry.batch_watermark_ms)?;
@@ -1150,22 +1230,75 @@ impl Query {
             let recorded = entry.tables.iter().find(|t| t.name == join.table_name());
             join.prepare(recorded)?;
         }
-        add_batch += load_started.elapsed();
-        let none = sources::Recorded::new();
-        for (i, source) in self.sources.iter_mut().enumerate() {
-            let get_started = Instant::now();
-            let recorded = entry.sources.get(i).map_or(&none, |s| &s.recorded);
-            let read = source.read(&self.checkpoint, n, recorded)?;
-            let SourceBatch {
-                decoded,
-                start_offset,
-                end_offset,
-                latest_offset,
-                metrics,
-            } = read;
-            if let Some(dir) = source.dead_letter_dir()
-                && !decoded.malformed.is_empty()
-            {
+        run.add_batch += load_started.elapsed();
+        Ok(())
+    }
+
+    /// One part of a real-time batch through the whole pipeline and into the sink (`None`: a
+    /// batch without input, run for the watermark). Returns the rows the sink took.
+    fn run_part(
+        &mut self,
+        info: &BatchInfo,
+        entry: &OffsetEntry,
+        read: Option<SourceBatch>,
+        run: &mut BatchRun,
+    ) -> Result<u64, QueryError> {
+        if let Some(read) = read {
+            self.take_input(0, info, read, true, run)?;
+        }
+        let add_started = Instant::now();
+        let outputs = self.operate(info, entry, run)?;
+        let rows = self.sink.write_part(info, &self.output_schema, outputs)?;
+        run.output_rows += rows;
+        run.add_batch += add_started.elapsed();
+        Ok(rows)
+    }
+
+    /// The end of a real-time batch's parts: its dead letters, then the sink's commit.
+    fn finish_parts(&mut self, info: &BatchInfo, run: &mut BatchRun) -> Result<(), QueryError> {
+        let started = Instant::now();
+        if let Some(dir) = self.sources[0].dead_letter_dir()
+            && !run.malformed.is_empty()
+        {
+            decode::write_dead_letters(dir, info.batch_id, &run.malformed).map_err(|error| {
+                QueryError::Decoder {
+                    source_name: self.sources[0].name().to_owned(),
+                    error,
+                }
+            })?;
+        }
+        run.malformed.clear();
+        run.output_rows += self.sink.finish_parts(info, &self.output_schema)?;
+        run.add_batch += started.elapsed();
+        Ok(())
+    }
+
+    /// Input `i`'s rows through the transforms before the stateful stages: to its side of a
+    /// stream-stream join, or to the batch's outputs. Its malformed records are written as
+    /// dead letters now, or held in `run` (`hold`) until a real-time batch's parts end.
+    fn take_input(
+        &mut self,
+        i: usize,
+        info: &BatchInfo,
+        read: SourceBatch,
+        hold: bool,
+        run: &mut BatchRun,
+    ) -> Result<(), QueryError> {
+        let n = info.batch_id;
+        let SourceBatch {
+            mut decoded,
+            start_offset,
+            end_offset,
+            latest_offset,
+            metrics,
+        } = read;
+        let source = &self.sources[i];
+        if let Some(dir) = source.dead_letter_dir()
+            && !decoded.malformed.is_empty()
+        {
+            if hold {
+                run.malformed.append(&mut decoded.malformed);
+            } else {
                 decode::write_dead_letters(dir, n, &decoded.malformed).map_err(|error| {
                     QueryError::Decoder {
                         source_name: source.name().to_owned(),
@@ -1173,89 +1306,105 @@ impl Query {
                     }
                 })?;
             }
-            get_batch += get_started.elapsed();
-            let add_started = Instant::now();
-            let event_time = if self.stream_join.is_some() {
-                // Through the transforms of this input, to its side of the join.
-                let side = usize::from(
-                    self.pipeline
-                        .join
-                        .as_ref()
-                        .is_some_and(|j| j.right == source.name()),
-                );
-                let first = join_inputs[side].len();
-                for batch in decoded.batches {
-                    let mut batch = batch;
-                    for (t, input) in self.transforms[..self.join_at]
-                        .iter_mut()
-                        .zip(&self.transform_inputs)
-                    {
-                        if batch.num_rows() == 0 {
-                            break;
-                        }
-                        if input.is_some_and(|j| j != i) {
-                            continue;
-                        }
-                        batch = t.process(&batch, info)?;
+        }
+        let add_started = Instant::now();
+        let event_time = if self.stream_join.is_some() {
+            // Through the transforms of this input, to its side of the join.
+            let side = usize::from(
+                self.pipeline
+                    .join
+                    .as_ref()
+                    .is_some_and(|j| j.right == source.name()),
+            );
+            let first = run.join_inputs[side].len();
+            for batch in decoded.batches {
+                let mut batch = batch;
+                for (t, input) in self.transforms[..self.join_at]
+                    .iter_mut()
+                    .zip(&self.transform_inputs)
+                {
+                    if batch.num_rows() == 0 {
+                        break;
                     }
-                    if batch.num_rows() > 0 {
-                        join_inputs[side].push(batch);
+                    if input.is_some_and(|j| j != i) {
+                        continue;
                     }
+                    batch = t.process(&batch, info)?;
                 }
-                self.input_watermarks
-                    .get(i)
-                    .and_then(Option::as_ref)
-                    .and_then(|w| w.observe(&join_inputs[side][first..]))
-            } else {
-                let first_output = outputs.len();
-                for batch in decoded.batches {
-                    let mut batch = batch;
-                    for (k, (t, input)) in self
-                        .transforms
-                        .iter_mut()
-                        .zip(&self.transform_inputs)
-                        .enumerate()
-                    {
-                        if k == self.join_at
-                            && let Some(join) = &mut self.join
-                        {
-                            batch = join.process(&batch, info)?;
-                        }
-                        if batch.num_rows() == 0 {
-                            break;
-                        }
-                        if input.is_some_and(|j| j != i) {
-                            continue;
-                        }
-                        batch = t.process(&batch, info)?;
-                    }
-                    if self.join_at >= self.transforms.len()
-                        && batch.num_rows() > 0
+                if batch.num_rows() > 0 {
+                    run.join_inputs[side].push(batch);
+                }
+            }
+            self.input_watermarks
+                .get(i)
+                .and_then(Option::as_ref)
+                .and_then(|w| w.observe(&run.join_inputs[side][first..]))
+        } else {
+            let first_output = run.outputs.len();
+            for batch in decoded.batches {
+                let mut batch = batch;
+                for (k, (t, input)) in self
+                    .transforms
+                    .iter_mut()
+                    .zip(&self.transform_inputs)
+                    .enumerate()
+                {
+                    if k == self.join_at
                         && let Some(join) = &mut self.join
                     {
                         batch = join.process(&batch, info)?;
                     }
-                    if batch.num_rows() > 0 {
-                        outputs.push(batch);
+                    if batch.num_rows() == 0 {
+                        break;
                     }
+                    if input.is_some_and(|j| j != i) {
+                        continue;
+                    }
+                    batch = t.process(&batch, info)?;
                 }
-                self.watermark
-                    .as_ref()
-                    .and_then(|w| w.observe(&outputs[first_output..]))
-            };
-            add_batch += add_started.elapsed();
-            per_source.push(SourceOutcome {
-                description: source.description(),
-                input_rows: decoded.num_input_rows,
-                malformed_rows: decoded.num_malformed,
-                event_time,
-                start_offset,
-                end_offset,
-                latest_offset,
-                metrics,
-            });
+                if self.join_at >= self.transforms.len()
+                    && batch.num_rows() > 0
+                    && let Some(join) = &mut self.join
+                {
+                    batch = join.process(&batch, info)?;
+                }
+                if batch.num_rows() > 0 {
+                    run.outputs.push(batch);
+                }
+            }
+            self.watermark
+                .as_ref()
+                .and_then(|w| w.observe(&run.outputs[first_output..]))
+        };
+        run.add_batch += add_started.elapsed();
+        let outcome = SourceOutcome {
+            description: self.sources[i].description(),
+            input_rows: decoded.num_input_rows,
+            malformed_rows: decoded.num_malformed,
+            event_time,
+            start_offset,
+            end_offset,
+            latest_offset,
+            metrics,
+        };
+        match &mut run.sources[i] {
+            Some(earlier) => earlier.absorb(outcome),
+            slot @ None => *slot = Some(outcome),
         }
-        let add_started = Instant::now();
+        Ok(())
+    }
+
+    /// The stateful stages over what the inputs gave (taken from `run`): the stream-stream
+    /// join, the stateful operator and what surrounds its aggregates. The rows for the sink.
+    fn operate(
+        &mut self,
+        info: &BatchInfo,
+        entry: &OffsetEntry,
+        run: &mut BatchRun,
+    ) -> Result<Vec<RecordBatch>, QueryError> {
+        let n = info.batch_id;
+        let mut outputs = std::mem::take(&mut run.outputs);
+        let join_inputs = std::mem::take(&mut run.join_inputs);
         if let Some(join) = &mut self.stream_join {
             let ctx = StatefulContext {
                 batch_id: n,
@@ -1291,27 +1440,59 @@ impl Query {
                     .map_err(|e| QueryError::Transform(TransformError::Sql(e)))?;
             }
         }
-        let output_rows = self.sink.write_batch(info, &self.output_schema, &outputs)?;
-        add_batch += add_started.elapsed();
-        Ok(Outcome {
+        Ok(outputs)
+    }
+}
+
+/// What a batch has gathered so far, over its inputs (and a real-time batch's parts).
+struct BatchRun {
+    /// Rows on their way to the stateful stages and the sink.
+    outputs: Vec<RecordBatch>,
+    /// A stream-stream join's new rows, left and right.
+    join_inputs: [Vec<RecordBatch>; 2],
+    /// Per input, once it was read.
+    sources: Vec<Option<SourceOutcome>>,
+    /// Dead letters held until a real-time batch's parts end.
+    malformed: Vec<decode::MalformedRecord>,
+    output_rows: u64,
+    get_batch: Duration,
+    add_batch: Duration,
+}
+
+impl BatchRun {
+    fn new(sources: usize) -> Self {
+        Self {
+            outputs: Vec::new(),
+            join_inputs: [Vec::new(), Vec::new()],
+            sources: (0..sources).map(|_| None).collect(),
+            malformed: Vec::new(),
+            output_rows: 0,
+            get_batch: Duration::ZERO,
+            add_batch: Duration::ZERO,
+        }
+    }
+
+    fn outcome(self) -> Outcome {
+        let per_source: Vec<SourceOutcome> = self.sources.into_iter().flatten().collect();
+        Outcome {
+            latency: None,
             input_rows: per_source.iter().map(|s| s.input_rows).sum(),
             malformed_rows: per_source.iter().map(|s| s.malformed_rows).sum(),
             event_time: per_source
                 .iter()
                 .filter_map(|s| s.event_time)
-                .reduce(|a, b| EventTimeRange {
-                    min_ms: a.min_ms.min(b.min_ms),
-                    max_ms: a.max_ms.max(b.max_ms),
-                }),
+                .reduce(EventTimeRange::union),
             sources: per_source,
-            output_rows,
-            get_batch_ms: millis(get_batch),
-            add_batch_ms: millis(add_batch),
-        })
+            output_rows: self.output_rows,
+            get_batch_ms: millis(self.get_batch),
+            add_batch_ms: millis(self.add_batch),
+        }
     }
 }
 
 struct Outcome {
+    /// Real-time mode, a batch run as its parts arrived: their latency.
+    latency: Option<progress::LatencyProgress>,
     input_rows: u64,
     malformed_rows: u64,
     output_rows: u64,
@@ -1323,6 +1504,7 @@ struct Outcome {
 }
 
 /// What one input contributed to a batch.
+#[derive(Debug)]
 struct SourceOutcome {
     description: String,
     input_rows: u64,
@@ -1332,6 +1514,25 @@ struct SourceOutcome {
     end_offset: serde_json::Value,
     latest_offset: serde_json::Value,
     metrics: BTreeMap<&'static str, String>,
+}
+
+impl SourceOutcome {
+    /// Adds a later part of the same batch: its rows, and the offsets it ends at.
+    fn absorb(&mut self, later: SourceOutcome) {
+        self.input_rows += later.input_rows;
+        self.malformed_rows += later.malformed_rows;
+        self.event_time = match (self.event_time, later.event_time) {
+            (Some(a), Some(b)) => Some(EventTimeRange::union(a, b)),
+            (a, b) => a.or(b),
+        };
+        self.end_offset = later.end_offset;
+        self.latest_offset = later.latest_offset;
+        let malformed = self.malformed_rows.to_string();
+        self.metrics = later.metrics;
+        if self.metrics.contains_key("numMalformedRows") {
+            self.metrics.insert("numMalformedRows", malformed);
+        }
+    }
 }
 
 /// Each input's watermark going into the batch of `entry`; an entry written

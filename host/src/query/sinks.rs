@@ -52,29 +52,29 @@ pub(super) fn open(
                 },
                 schema,
             )?;
-            QuerySink::Wasm(Box::new(PluginSink::new(plugin)))
+            QuerySink::wasm(Box::new(PluginSink::new(plugin)))
         }
         SinkSpec::Files { path, format } => {
-            QuerySink::Native(Box::new(FilesSink::new(path.clone(), *format)?))
+            QuerySink::native(Box::new(FilesSink::new(path.clone(), *format)?))
         }
-        SinkSpec::Console { max_rows } => QuerySink::Native(Box::new(ConsoleSink::new(
+        SinkSpec::Console { max_rows } => QuerySink::native(Box::new(ConsoleSink::new(
             ctx.options
                 .console
                 .take()
                 .unwrap_or_else(|| Box::new(std::io::stdout())),
             *max_rows,
         ))),
-        SinkSpec::Memory => QuerySink::Native(Box::new(
+        SinkSpec::Memory => QuerySink::native(Box::new(
             ctx.options.memory_sink.clone().unwrap_or_default(),
         )),
-        SinkSpec::Delta(d) => QuerySink::Native(Box::new(delta_sink(
+        SinkSpec::Delta(d) => QuerySink::native(Box::new(delta_sink(
             d,
             &pipeline.query,
             ctx.checkpoint.sink_dir("delta").join("pending"),
             ctx.checkpoint.query_id(),
             ctx.options.failpoint(),
         )?)),
-        SinkSpec::DeltaMerge(m) => QuerySink::Native(Box::new(
+        SinkSpec::DeltaMerge(m) => QuerySink::native(Box::new(
             sink::delta_merge::DeltaMerge::new(sink::delta_merge::DeltaMergeOptions {
                 table: m.clone(),
                 app_id: ctx.checkpoint.query_id().to_owned(),
@@ -82,7 +82,7 @@ pub(super) fn open(
             })
             .map_err(SinkError::from)?,
         )),
-        SinkSpec::Kafka(k) => QuerySink::Native(Box::new(
+        SinkSpec::Kafka(k) => QuerySink::native(Box::new(
             sink::kafka::KafkaSink::new(
                 k.clone(),
                 schema,

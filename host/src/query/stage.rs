@@ -122,25 +122,46 @@ impl StatefulStage<'_> {
     }
 }
 
-/// The sink of the query.
-pub(super) enum QuerySink {
+/// The sink of the query, with what it has not yet been handed of a real-time batch.
+pub(super) struct QuerySink {
+    kind: SinkKind,
+    /// Real-time mode, a sink without a [`PartWriter`]: the batch's rows so far, written as
+    /// one batch when its parts end.
+    held: Vec<RecordBatch>,
+}
+
+enum SinkKind {
     Native(Box<dyn Sink>),
     /// A Wasm foreachBatch sink.
     Wasm(Box<PluginSink>),
 }
 
 impl QuerySink {
+    pub(super) fn native(sink: Box<dyn Sink>) -> Self {
+        Self {
+            kind: SinkKind::Native(sink),
+            held: Vec::new(),
+        }
+    }
+
+    pub(super) fn wasm(sink: Box<PluginSink>) -> Self {
+        Self {
+            kind: SinkKind::Wasm(sink),
+            held: Vec::new(),
+        }
+    }
+
     fn sink(&self) -> &dyn Sink {
-        match self {
-            Self::Native(s) => s.as_ref(),
-            Self::Wasm(s) => s.as_ref(),
+        match &self.kind {
+            SinkKind::Native(s) => s.as_ref(),
+            SinkKind::Wasm(s) => s.as_ref(),
         }
     }
 
     fn sink_mut(&mut self) -> &mut dyn Sink {
-        match self {
-            Self::Native(s) => s.as_mut(),
-            Self::Wasm(s) => s.as_mut(),
+        match &mut self.kind {
+            SinkKind::Native(s) => s.as_mut(),
+            SinkKind::Wasm(s) => s.as_mut(),
         }
     }
 
@@ -157,23 +178,69 @@ impl QuerySink {
         self.sink_mut().write_batch(info, schema, batches)
     }
 
+    /// Real-time mode: a batch's parts begin (again, after a failed attempt).
+    pub(super) fn begin_parts(&mut self, info: &BatchInfo) -> Result<(), SinkError> {
+        self.held.clear();
+        match self.sink_mut().part_writer() {
+            Some(writer) => writer.begin_parts(info),
+            None => Ok(()),
+        }
+    }
+
+    /// Real-time mode: one part's rows, written now by a sink that can, else held. The rows
+    /// written now.
+    pub(super) fn write_part(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<u64, SinkError> {
+        match self.sink_mut().part_writer() {
+            Some(writer) => writer.write_part(info, schema, &batches),
+            None => {
+                self.held.extend(batches);
+                Ok(0)
+            }
+        }
+    }
+
+    /// Real-time mode: the batch's parts are over (and recorded in `offsets/N`): the sink
+    /// commits them, or is handed what was held. The rows written now.
+    pub(super) fn finish_parts(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+    ) -> Result<u64, SinkError> {
+        if let Some(writer) = self.sink_mut().part_writer() {
+            writer.finish_parts(info)?;
+            return Ok(0);
+        }
+        let held = std::mem::take(&mut self.held);
+        self.sink_mut().write_batch(info, schema, &held)
+    }
+
+    /// Whether the sink writes a real-time batch's rows as they pass.
+    pub(super) fn writes_parts(&mut self) -> bool {
+        self.sink_mut().part_writer().is_some()
+    }
+
     pub(super) fn close(&mut self) -> Result<(), SinkError> {
         self.sink_mut().close()
     }
 
     /// The Wasm plugin, for replacing it by a new build.
     pub(super) fn wasm_mut(&mut self) -> Option<&mut WasmSink> {
-        match self {
-            Self::Native(_) => None,
-            Self::Wasm(s) => Some(s.plugin_mut()),
+        match &mut self.kind {
+            SinkKind::Native(_) => None,
+            SinkKind::Wasm(s) => Some(s.plugin_mut()),
         }
     }
 
     /// For a Wasm sink: its build and usage, for progress.
     pub(super) fn plugin_usage(&self) -> Option<Usage> {
-        match self {
-            Self::Native(_) => None,
-            Self::Wasm(s) => {
+        match &self.kind {
+            SinkKind::Native(_) => None,
+            SinkKind::Wasm(s) => {
                 let p = s.plugin();
                 Some(usage(p.name(), p.sha256(), p.usage()))
             }

@@ -164,6 +164,10 @@ pub struct KafkaSink {
     producer: ThreadedProducer<DeliveryTracker>,
     /// The last batch id marked by this query, once read back (`Some(None)`: none).
     last_marked: Option<Option<u64>>,
+    /// The batch whose rows are being produced (its transaction open, with exactly-once).
+    open: Option<u64>,
+    /// Real-time mode: the batch whose parts pass is in the topic already.
+    skipping: bool,
     json: Vec<u8>,
 }
 
@@ -254,6 +258,8 @@ impl KafkaSink {
             query_id: query_id.to_owned(),
             producer,
             last_marked: None,
+            open: None,
+            skipping: false,
             json: Vec::new(),
         })
     }
@@ -397,6 +403,56 @@ impl Sink for KafkaSink {
         }
         Ok(result?)
     }
+
+    fn part_writer(&mut self) -> Option<&mut dyn super::PartWriter> {
+        Some(self)
+    }
+}
+
+/// Real-time mode: a batch's transaction is opened by its first part and committed, with the
+/// batch's marker, when its parts end; readers with `read_committed` see the rows then, others
+/// as they pass. With `delivery = "at-least-once"` every reader sees them as they pass.
+impl super::PartWriter for KafkaSink {
+    fn begin_parts(&mut self, info: &BatchInfo) -> Result<(), super::SinkError> {
+        if self.open.is_some() {
+            self.abandon();
+        }
+        self.skipping = self.already_written(info.batch_id)?;
+        Ok(())
+    }
+
+    fn write_part(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, super::SinkError> {
+        let n = info.batch_id;
+        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        if self.skipping || rows == 0 {
+            return Ok(rows);
+        }
+        if self.open.is_none() {
+            self.begin(n)?;
+        }
+        if let Err(e) = self.send_rows(n, schema, batches) {
+            self.abandon();
+            return Err(e.into());
+        }
+        Ok(rows)
+    }
+
+    fn finish_parts(&mut self, info: &BatchInfo) -> Result<(), super::SinkError> {
+        let n = info.batch_id;
+        if self.skipping {
+            self.skipping = false;
+            return Ok(());
+        }
+        if self.open.is_none() {
+            self.begin(n)?;
+        }
+        Ok(self.finish(n, Ok(()))?)
+    }
 }
 
 impl KafkaSink {
@@ -407,32 +463,65 @@ impl KafkaSink {
         batches: &[RecordBatch],
     ) -> Result<u64, KafkaSinkError> {
         let n = info.batch_id;
-        let query_id = self.query_id.clone();
-        if self.last_marked.is_none() {
-            self.last_marked = Some(self.read_last_marker(&query_id)?);
-        }
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
-        if self.last_marked.flatten().is_some_and(|m| m >= n) {
-            tracing::info!(topic = %self.spec.topic, batch_id = n, "batch {n} is already in the topic (its marker is there): not producing it again");
+        if self.already_written(n)? {
             return Ok(rows);
         }
+        self.begin(n)?;
+        let sent = self.send_rows(n, schema, batches);
+        self.finish(n, sent)?;
+        Ok(rows)
+    }
+
+    /// Whether batch `n` is in the topic already (its marker is there), reading the last
+    /// marker back first when it is not known.
+    fn already_written(&mut self, n: u64) -> Result<bool, KafkaSinkError> {
+        if self.last_marked.is_none() {
+            let query_id = self.query_id.clone();
+            self.last_marked = Some(self.read_last_marker(&query_id)?);
+        }
+        let written = self.last_marked.flatten().is_some_and(|m| m >= n);
+        if written {
+            tracing::info!(topic = %self.spec.topic, batch_id = n, "batch {n} is already in the topic (its marker is there): not producing it again");
+        }
+        Ok(written)
+    }
+
+    fn produce_error(&self, n: u64, step: &'static str, error: KafkaError) -> KafkaSinkError {
+        KafkaSinkError::Produce {
+            topic: self.spec.topic.clone(),
+            batch_id: n,
+            step,
+            error: Box::new(error),
+        }
+    }
+
+    /// Opens batch `n`'s transaction (exactly-once delivery).
+    fn begin(&mut self, n: u64) -> Result<(), KafkaSinkError> {
+        if self.spec.delivery == KafkaDelivery::ExactlyOnce {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| self.produce_error(n, "begin transaction", e))?;
+        }
+        self.open = Some(n);
+        Ok(())
+    }
+
+    /// Ends batch `n` whose rows were `sent`: every row delivered, then the marker, then the
+    /// commit; on any failure the transaction is aborted.
+    fn finish(&mut self, n: u64, sent: Result<(), KafkaSinkError>) -> Result<(), KafkaSinkError> {
+        let transactional = self.spec.delivery == KafkaDelivery::ExactlyOnce;
         let topic = self.spec.topic.clone();
+        let query_id = self.query_id.clone();
         let produce_err = |step, error| KafkaSinkError::Produce {
             topic: topic.clone(),
             batch_id: n,
             step,
             error: Box::new(error),
         };
-        let transactional = self.spec.delivery == KafkaDelivery::ExactlyOnce;
-        if transactional {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| produce_err("begin transaction", e))?;
-        }
-        let sent = self.send_rows(n, schema, batches);
         let producer = &self.producer;
         let delivered = |step: &'static str| -> Result<(), KafkaSinkError> {
-            producer.flush(TIMEOUT).map_err(|e| produce_err(step, e))?;
+            drain(producer).map_err(|e| produce_err(step, e))?;
             match producer.context().take() {
                 (0, _) => Ok(()),
                 (failed, first) => Err(KafkaSinkError::Delivery {
@@ -455,24 +544,35 @@ impl KafkaSink {
             let marker: BaseRecord<'_, (), ()> =
                 BaseRecord::to(&topic).partition(0).headers(headers);
             send(producer, marker).map_err(|e| produce_err("producing the batch marker", e))?;
+            // Delivered before the commit, whose own flush would wait in 100 ms steps.
+            delivered("flushing the batch marker")?;
             if transactional {
                 producer
                     .commit_transaction(TIMEOUT)
                     .map_err(|e| produce_err("commit transaction", e))
             } else {
-                delivered("flushing the batch marker")
+                Ok(())
             }
         });
+        self.open = None;
         if let Err(e) = finish {
-            if transactional {
-                let _ = producer.abort_transaction(TIMEOUT);
-            }
-            // Failures of this attempt are reported; the next one starts counting afresh.
-            let _ = producer.context().take();
+            self.abandon();
             return Err(e);
         }
         self.last_marked = Some(Some(n));
-        Ok(rows)
+        Ok(())
+    }
+
+    /// Drops an attempt: aborts its transaction; its outcome is unknown, so the last marker
+    /// is read back again before the next batch.
+    fn abandon(&mut self) {
+        if self.spec.delivery == KafkaDelivery::ExactlyOnce {
+            let _ = self.producer.abort_transaction(TIMEOUT);
+        }
+        // Failures of this attempt are reported; the next one starts counting afresh.
+        let _ = self.producer.context().take();
+        self.open = None;
+        self.last_marked = None;
     }
 
     fn send_rows(
@@ -528,6 +628,23 @@ impl KafkaSink {
         }
         Ok(())
     }
+}
+
+/// Waits until every record sent is delivered (or failed) and its report served.
+///
+/// Not `flush`: rdkafka's flush waits for reports in 100 ms polls of its own, which the
+/// producer's polling thread answers first, so each flush would take 100 ms.
+fn drain(producer: &ThreadedProducer<DeliveryTracker>) -> Result<(), KafkaError> {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while producer.in_flight_count() > 0 {
+        if std::time::Instant::now() >= deadline {
+            return Err(KafkaError::Flush(
+                rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
 }
 
 /// Sends one record, waiting while the producer's queue is full.

@@ -103,6 +103,41 @@ pub trait Sink: Send {
     fn close(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
+
+    /// Real-time mode: the sink's writer of a batch's parts as they pass, if it has one;
+    /// without, the query holds the parts and hands them to [`Sink::write_batch`] when the
+    /// batch ends.
+    fn part_writer(&mut self) -> Option<&mut dyn PartWriter> {
+        None
+    }
+}
+
+/// Real-time mode (`query::real_time`): a sink that takes a batch's rows as its parts pass,
+/// before the batch is durable, and makes them visible to readers of committed data only
+/// when the batch ends, so that exactly-once holds per batch.
+pub trait PartWriter {
+    /// A batch's parts begin; after a failed attempt, what that attempt wrote is dropped.
+    ///
+    /// # Errors
+    /// When what an earlier attempt wrote cannot be dropped.
+    fn begin_parts(&mut self, info: &BatchInfo) -> Result<(), SinkError>;
+
+    /// Writes one part's rows. Returns the rows written.
+    ///
+    /// # Errors
+    /// When the rows could not be written; the batch then fails and runs again.
+    fn write_part(
+        &mut self,
+        info: &BatchInfo,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<u64, SinkError>;
+
+    /// The batch's parts are over and `offsets/N` records them: commit what they wrote.
+    ///
+    /// # Errors
+    /// When the commit fails; the batch then runs again.
+    fn finish_parts(&mut self, info: &BatchInfo) -> Result<(), SinkError>;
 }
 
 impl Sink for delta::DeltaSink {

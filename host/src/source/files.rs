@@ -137,6 +137,15 @@ pub enum SourceError {
         "source {source_name}: batch {batch_id} has no entry in the source log; the checkpoint is damaged"
     )]
     MissingLog { source_name: String, batch_id: u64 },
+    /// A real-time batch's parts, as `offsets/N` records them, do not fit its input.
+    #[error(
+        "source {source_name}: batch {batch_id}: the parts recorded in offsets/{batch_id} {problem}; the checkpoint is damaged"
+    )]
+    Parts {
+        source_name: String,
+        batch_id: u64,
+        problem: String,
+    },
     /// The source has no schema: none declared, and none to take from its files.
     #[error("source {source_name}: {reason}")]
     NoSchema { source_name: String, reason: String },
@@ -162,6 +171,7 @@ impl SourceError {
             Self::Kafka(e) => e.is_retryable(),
             Self::Delta(e) => e.is_retryable(),
             Self::List { .. }
+            | Self::Parts { .. }
             | Self::Shrunk { .. }
             | Self::MissingLog { .. }
             | Self::NoSchema { .. }
@@ -352,6 +362,9 @@ pub struct FilesSource {
     /// Files taken since the last source log entry, and by how many batches.
     unlogged: Vec<FileEntry>,
     batches_unlogged: u64,
+    /// The batch of the last [`Source::record`]: a real-time batch records one part after
+    /// another under one id, and the source log gets at most one entry per id.
+    last_recorded: Option<u64>,
     /// Threads that decode a batch's files (this one included).
     threads: NonZeroUsize,
     /// The other threads' decoders and read buffers, made when first needed.
@@ -651,6 +664,7 @@ impl FilesSource {
             buf: Vec::new(),
             unlogged,
             batches_unlogged,
+            last_recorded: None,
             threads: NonZeroUsize::MIN,
             workers: Vec::new(),
         })
@@ -753,7 +767,11 @@ impl Source for FilesSource {
         recorded.insert(RECORDED_FILES.into(), listed);
         let before = self.unlogged.len();
         self.unlogged.extend(files.iter().cloned());
-        if self.batches_unlogged + 1 >= LOG_EVERY {
+        let new_batch = self.last_recorded != Some(batch_id);
+        self.last_recorded = Some(batch_id);
+        if !new_batch {
+            // Another part of a real-time batch: logged with a later batch.
+        } else if self.batches_unlogged + 1 >= LOG_EVERY {
             let entry = FilesLogEntry {
                 files: std::mem::take(&mut self.unlogged),
             };
@@ -805,6 +823,73 @@ impl Source for FilesSource {
 
     fn dead_letter_dir(&self) -> Option<&Path> {
         self.dead_letter.as_deref()
+    }
+
+    fn join_parts(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        parts: Vec<Recorded>,
+    ) -> Result<(Recorded, serde_json::Value), SourceError> {
+        if parts.is_empty() {
+            self.staged.clear();
+            return Ok((self.record(checkpoint, batch_id)?, serde_json::json!([])));
+        }
+        let mut files = Vec::new();
+        let mut counts = Vec::with_capacity(parts.len());
+        for part in parts {
+            let Some(serde_json::Value::Array(list)) = part.get(RECORDED_FILES).cloned() else {
+                return Err(SourceError::Parts {
+                    source_name: self.name.clone(),
+                    batch_id,
+                    problem: "lack a file list".to_owned(),
+                });
+            };
+            counts.push(list.len());
+            files.extend(list);
+        }
+        let mut whole = Recorded::new();
+        whole.insert(RECORDED_FILES.into(), serde_json::Value::Array(files));
+        Ok((whole, serde_json::json!(counts)))
+    }
+
+    fn split_parts(
+        &self,
+        batch_id: u64,
+        whole: &Recorded,
+        cuts: &serde_json::Value,
+    ) -> Result<Vec<Recorded>, SourceError> {
+        let problem = |p: &str| SourceError::Parts {
+            source_name: self.name.clone(),
+            batch_id,
+            problem: p.to_owned(),
+        };
+        let files = match whole.get(RECORDED_FILES) {
+            Some(serde_json::Value::Array(files)) => files,
+            _ => return Err(problem("lack the batch's file list")),
+        };
+        let counts: Vec<usize> = serde_json::from_value(cuts.clone())
+            .map_err(|_| problem("are not a list of file counts"))?;
+        if counts.iter().sum::<usize>() != files.len() {
+            return Err(problem(&format!(
+                "count {} files, but the batch has {}",
+                counts.iter().sum::<usize>(),
+                files.len()
+            )));
+        }
+        let mut at = 0;
+        Ok(counts
+            .into_iter()
+            .map(|n| {
+                let mut part = Recorded::new();
+                part.insert(
+                    RECORDED_FILES.into(),
+                    serde_json::Value::Array(files[at..at + n].to_vec()),
+                );
+                at += n;
+                part
+            })
+            .collect())
     }
 }
 

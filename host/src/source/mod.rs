@@ -18,6 +18,7 @@ pub mod kafka;
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow_schema::SchemaRef;
 
@@ -86,6 +87,104 @@ pub trait Source: Send {
 
     /// Where a malformed record goes under `on_malformed = "dead-letter"`.
     fn dead_letter_dir(&self) -> Option<&std::path::Path>;
+
+    /// Real-time mode (`query::real_time`): the next part of batch `batch_id`, read as soon as
+    /// input arrives. Waits up to `wait` for input; once some has arrived, takes what arrives
+    /// within `linger` more. Returns what [`Source::record`] would have recorded for exactly
+    /// this part, with its rows; `None` when nothing arrived. Nothing is written to the
+    /// checkpoint but what [`Source::record`] writes.
+    ///
+    /// The default stages with [`Source::poll`] (looking again every [`POLL_STEP`]) and reads
+    /// what it staged; a source that can be read continuously does better.
+    ///
+    /// # Errors
+    /// As [`Source::poll`], [`Source::record`] and [`Source::read`].
+    fn arrive(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        wait: Duration,
+        _linger: Duration,
+    ) -> Result<Option<Part>, SourceError> {
+        let until = Instant::now() + wait;
+        loop {
+            if self.poll(checkpoint, false)? > 0 {
+                let recorded = self.record(checkpoint, batch_id)?;
+                let batch = self.read(checkpoint, batch_id, &recorded)?;
+                return Ok(Some(Part {
+                    recorded,
+                    batch,
+                    event_ms: Vec::new(),
+                }));
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(None);
+            }
+            std::thread::sleep((until - now).min(POLL_STEP));
+        }
+    }
+
+    /// Real-time mode: the parts of a batch are over; stop reading ahead until the next
+    /// [`Source::arrive`] (and before any [`Source::read`]).
+    fn end_parts(&mut self) {}
+
+    /// Real-time mode: the entry of `offsets/N` for batch `batch_id` made of `parts` (in the
+    /// order they arrived; none for a batch without input), which [`Source::read`] would read
+    /// at once, and the cuts between the parts, from which [`Source::split_parts`] gives the
+    /// parts back for a replay.
+    ///
+    /// # Errors
+    /// When the source does not run in real-time mode (validation refuses it first), or an
+    /// empty batch cannot be recorded.
+    fn join_parts(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        parts: Vec<Recorded>,
+    ) -> Result<(Recorded, serde_json::Value), SourceError> {
+        let _ = (checkpoint, parts);
+        Err(SourceError::Parts {
+            source_name: self.name().to_owned(),
+            batch_id,
+            problem: "cannot be made: this kind of source does not run in real-time mode"
+                .to_owned(),
+        })
+    }
+
+    /// Real-time mode: the parts of batch `batch_id` from the entry and cuts
+    /// [`Source::join_parts`] made.
+    ///
+    /// # Errors
+    /// When the cuts do not fit the entry.
+    fn split_parts(
+        &self,
+        batch_id: u64,
+        whole: &Recorded,
+        cuts: &serde_json::Value,
+    ) -> Result<Vec<Recorded>, SourceError> {
+        let _ = (whole, cuts);
+        Err(SourceError::Parts {
+            source_name: self.name().to_owned(),
+            batch_id,
+            problem: "cannot be read: this kind of source does not run in real-time mode"
+                .to_owned(),
+        })
+    }
+}
+
+/// How often the default [`Source::arrive`] looks for new input.
+pub const POLL_STEP: Duration = Duration::from_millis(10);
+
+/// One part of a real-time batch (see [`Source::arrive`]).
+#[derive(Debug)]
+pub struct Part {
+    /// What [`Source::record`] would have recorded for this part.
+    pub recorded: Recorded,
+    pub batch: SourceBatch,
+    /// When each input row was produced (ms since the epoch), where the source knows it
+    /// (Kafka's record timestamps), for the latency of real-time progress.
+    pub event_ms: Vec<i64>,
 }
 
 /// A source's own fields of its `offsets/N` entry.

@@ -42,6 +42,7 @@ pub mod merge;
 mod overrides;
 mod policy;
 mod raw;
+mod real_time;
 mod sink_modes;
 pub mod size;
 mod stateful;
@@ -59,6 +60,7 @@ pub use ddl::parse_schema;
 pub use duration::{HumanDuration, format_duration, parse_duration};
 pub use merge::{MergeDedup, MergeTableSpec, RowCondition, Sides, parse_condition, parse_dedup};
 pub use policy::{Confinement, Policy, confinement_problems, load_policy, parse_policy};
+pub use real_time::real_time_problems;
 pub use sink_modes::sink_problems;
 pub use size::{ByteSize, format_byte_size, parse_byte_size};
 pub use stateful::{stateful_problems, stateful_warnings};
@@ -177,6 +179,26 @@ pub enum Trigger {
     ProcessingTime(Duration),
     /// No `trigger` key: the next batch starts as soon as the previous one ends.
     Continuous,
+    /// `"real-time"` or `{ real_time = "5 minutes", max_latency = "10ms" }`: rows flow through
+    /// in small parts as they arrive, and a batch (offsets, state, the sink's commit) is made
+    /// durable once per checkpoint interval (see `query::real_time`).
+    RealTime(RealTime),
+}
+
+/// The settings of the real-time trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RealTime {
+    /// `real_time`: how long a batch collects parts before it is made durable (Spark's
+    /// `realTime` interval, which bounds the batch, not the latency). Default 5 minutes.
+    pub checkpoint_interval: Duration,
+    /// `max_latency`: how long a part waits for more rows after its first one. Default 10 ms.
+    pub max_latency: Duration,
+}
+
+impl RealTime {
+    /// Spark's default checkpoint interval of the real-time trigger.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
+    pub const DEFAULT_MAX_LATENCY: Duration = Duration::from_millis(10);
 }
 
 /// Which rows a batch hands to the sink (DESIGN.md §3.2).

@@ -108,7 +108,8 @@ pub(super) struct RawDeduplicate {
 pub(super) struct RawQuery {
     pub name: Option<String>,
     pub checkpoint: Option<String>,
-    pub trigger: Option<String>,
+    /// A word or an interval, or the real-time trigger's table (read in `validate`).
+    pub trigger: Option<Value>,
     pub output_mode: Option<String>,
     pub max_batch_retries: Option<i64>,
     pub state_store: Option<String>,

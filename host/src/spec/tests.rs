@@ -237,7 +237,7 @@ path = "t"
     let expected: Vec<(String, String)> = vec![
         ("source.orders.max_file_per_trigger", "unknown key of a files source (known keys: kind, name, path, format, schema, max_files_per_trigger, on_malformed, dead_letter_path, csv, watermark)"),
         ("query.name", "\"revenue 5m\" is not a valid name: use letters, digits, '_', '.' and '-'"),
-        ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\""),
+        ("query.trigger", "\"soon\" is not a trigger: use \"available-now\", \"once\", \"real-time\" or a duration such as \"30s\""),
         ("query.output_mode", "\"sometimes\" is not an output mode: use \"append\", \"update\" or \"complete\""),
         ("source.orders.csv", "csv options apply only to format = \"csv\" (format is \"json\")"),
         ("source.orders.schema", "column 2 (\"amount\"): unknown type MONEY at character 19; known types: BIGINT (LONG), INT (INTEGER), DOUBLE, DECIMAL(p,s), STRING, BOOLEAN, TIMESTAMP, DATE"),
@@ -520,7 +520,7 @@ fn triggers_and_output_modes() {
     let found = problems(dir.path(), &with("trigger = \"30 parsecs\""), &[]);
     assert_eq!(
         found[0].1,
-        "\"30 parsecs\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\" (unknown unit \"parsecs\"; use ms, s, m, h or d (or sec, min, hour, day and their plurals))"
+        "\"30 parsecs\" is not a trigger: use \"available-now\", \"once\", \"real-time\" or a duration such as \"30s\" (unknown unit \"parsecs\"; use ms, s, m, h or d (or sec, min, hour, day and their plurals))"
     );
     let found = problems(dir.path(), &with("trigger = \"0s\""), &[]);
     assert_eq!(found[0].0, "query.trigger");
@@ -863,7 +863,7 @@ fn overrides_change_keys_before_validation() {
             ("--set source.refunds.path".into(), "no [[source]] named \"refunds\" (known: orders)".into()),
             ("--set trigger".into(), "expected KEY=VALUE, e.g. --set source.orders.path=data/in".into()),
             ("query.colour".into(), "unknown key (known keys: name, checkpoint, trigger, output_mode, max_batch_retries, state_store, state_partitions, watermark_policy, threads)".into()),
-            ("query.trigger".into(), "\"soon\" is not a trigger: use \"available-now\", \"once\" or a duration such as \"30s\"".into()),
+            ("query.trigger".into(), "\"soon\" is not a trigger: use \"available-now\", \"once\", \"real-time\" or a duration such as \"30s\"".into()),
         ] as Vec<(String, String)>
     );
 }

@@ -15,7 +15,7 @@ use toml::{Table, Value};
 mod kafka;
 mod merge;
 
-use super::duration::parse_duration;
+use super::duration::{format_duration, parse_duration};
 use super::raw::{
     RawAggregate, RawCapabilities, RawCsv, RawDeduplicate, RawDeltaSink, RawDeltaSource,
     RawFilesSource, RawFunction, RawJoin, RawLimits, RawListener, RawPipeline, RawPluginSink,
@@ -31,8 +31,8 @@ use super::{
     Capabilities, CommitEvery, DEFAULT_DELTA_TARGET_FILE_SIZE, DEFAULT_TABLE_MAX_BYTES,
     DeltaSinkSpec, DeltaSourceSpec, DirGrant, FilesSourceSpec, FunctionSpec, HttpGrant,
     InputFormat, JoinSpec, JoinType, ListenerKind, ListenerSpec, MalformedPolicy, MergeTableSpec,
-    OutputFormat, OutputMode, Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, SinkSpec,
-    SourceKind, SourceSpec, TableKind, TableSpec, TransformKind, TransformSpec, Trigger,
+    OutputFormat, OutputMode, Pipeline, PluginLimits, PluginSinkSpec, Problem, QuerySpec, RealTime,
+    SinkSpec, SourceKind, SourceSpec, TableKind, TableSpec, TransformKind, TransformSpec, Trigger,
     WasmTransformSpec,
 };
 
@@ -45,7 +45,8 @@ const DEFAULT_CONSOLE_MAX_ROWS: usize = 20;
 /// The most aggregates one `[aggregate]` may compute (the operator's state layout).
 const MAX_AGGREGATES: usize = 255;
 
-const TRIGGER_HINT: &str = "use \"available-now\", \"once\" or a duration such as \"30s\"";
+const TRIGGER_HINT: &str =
+    "use \"available-now\", \"once\", \"real-time\" or a duration such as \"30s\"";
 
 /// Collects problems, skipping those under a key whose value `raw.rs` already reported and
 /// removed (so a badly typed required key is not also reported as missing).
@@ -279,7 +280,7 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
     if let (Some(SinkSpec::DeltaMerge(spec)), Some(rows), None) = (&sink, &rows, &aggregate) {
         merge_columns(spec, rows, c);
     }
-    Some(Pipeline {
+    let pipeline = Pipeline {
         query: query?,
         sources: sources?,
         transforms: transforms.into_iter().collect::<Option<Vec<_>>>()?,
@@ -292,7 +293,11 @@ pub(super) fn pipeline(raw: RawPipeline, base: &Path, c: &mut Collector) -> Opti
         deduplicate: present(deduplicate).ok()?,
         sink: sink?,
         base_dir: base.to_path_buf(),
-    })
+    };
+    for problem in super::real_time::real_time_problems(&pipeline) {
+        c.push(&problem.path, problem.message);
+    }
+    Some(pipeline)
 }
 
 /// Each `input` names a source, and the transforms of one input come before
@@ -428,7 +433,7 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
         .required("query.name", q.name)
         .and_then(|n| check_name(c, "query.name", n));
     let checkpoint = c.path("query.checkpoint", q.checkpoint, base);
-    let trigger = trigger(c, q.trigger.as_deref());
+    let trigger = trigger_value(c, q.trigger);
     let output_mode = match q.output_mode.as_deref() {
         None => Some(OutputMode::Append),
         Some(mode) => c.choice(
@@ -737,12 +742,98 @@ fn present<T>(table: Option<Option<T>>) -> Result<Option<T>, ()> {
     }
 }
 
+/// `query.trigger` as the file has it: a string, or the real-time trigger's table.
+fn trigger_value(c: &mut Collector, value: Option<Value>) -> Option<Trigger> {
+    match value {
+        None => trigger(c, None),
+        Some(Value::String(text)) => trigger(c, Some(&text)),
+        Some(Value::Table(table)) => real_time_trigger(c, table),
+        Some(other) => {
+            c.push(
+                "query.trigger",
+                format!(
+                    "expected a string or a table such as {{ real_time = \"5 minutes\" }}, found {}",
+                    other.type_str()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `trigger = { real_time = "5 minutes", max_latency = "10ms" }`.
+fn real_time_trigger(c: &mut Collector, table: Table) -> Option<Trigger> {
+    let mut settings = RealTime {
+        checkpoint_interval: RealTime::DEFAULT_INTERVAL,
+        max_latency: RealTime::DEFAULT_MAX_LATENCY,
+    };
+    let mut ok = true;
+    if !table.contains_key("real_time") {
+        c.push(
+            "query.trigger.real_time",
+            "required in a trigger table: the checkpoint interval, such as \"5 minutes\"",
+        );
+        ok = false;
+    }
+    for (key, value) in table {
+        let path = format!("query.trigger.{key}");
+        let slot = match key.as_str() {
+            "real_time" => &mut settings.checkpoint_interval,
+            "max_latency" => &mut settings.max_latency,
+            _ => {
+                c.push(
+                    &path,
+                    "unknown key: a trigger table takes real_time and max_latency",
+                );
+                ok = false;
+                continue;
+            }
+        };
+        let parsed = match &value {
+            Value::String(text) => parse_duration(text),
+            other => Err(format!(
+                "expected a duration such as \"10ms\", found {}",
+                other.type_str()
+            )),
+        };
+        match parsed {
+            Ok(d) if d.is_zero() => {
+                c.push(&path, "must be longer than zero");
+                ok = false;
+            }
+            Ok(d) => *slot = d,
+            Err(e) => {
+                c.push(&path, e);
+                ok = false;
+            }
+        }
+    }
+    if ok && settings.max_latency >= settings.checkpoint_interval {
+        c.push(
+            "query.trigger.max_latency",
+            format!(
+                "{} is not below the checkpoint interval ({}): a part must end within its batch",
+                format_duration(settings.max_latency),
+                format_duration(settings.checkpoint_interval)
+            ),
+        );
+        ok = false;
+    }
+    ok.then_some(Trigger::RealTime(settings))
+}
+
 fn trigger(c: &mut Collector, text: Option<&str>) -> Option<Trigger> {
     const PATH: &str = "query.trigger";
     let text = match text {
         None => return Some(Trigger::Continuous),
         Some("available-now") => return Some(Trigger::AvailableNow),
         Some("once") => return Some(Trigger::Once),
+        Some("real-time") => {
+            return Some(Trigger::RealTime(RealTime {
+                checkpoint_interval: RealTime::DEFAULT_INTERVAL,
+                max_latency: RealTime::DEFAULT_MAX_LATENCY,
+            }));
+        }
         Some(text) => text,
     };
     match parse_duration(text) {

@@ -26,6 +26,17 @@ pub struct EventTimeRange {
     pub max_ms: i64,
 }
 
+impl EventTimeRange {
+    /// The range covering both.
+    #[must_use]
+    pub fn union(self, other: Self) -> Self {
+        Self {
+            min_ms: self.min_ms.min(other.min_ms),
+            max_ms: self.max_ms.max(other.max_ms),
+        }
+    }
+}
+
 /// Watches the event-time column of a stream.
 #[derive(Debug, Clone)]
 pub struct Watermark {

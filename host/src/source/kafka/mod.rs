@@ -26,6 +26,7 @@ pub mod rows;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -47,6 +48,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// One poll of the consumer.
 const POLL: Duration = Duration::from_millis(50);
+
+/// `d` rounded up to whole milliseconds.
+fn ceil_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX))
+}
 
 /// The range batch N reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -179,6 +185,30 @@ pub struct KafkaSource {
     /// Where the next batch starts: the end of the last planned batch, or the starting
     /// offsets once resolved; `None` before that.
     next_start: Option<PartitionOffsets>,
+    /// Real-time mode: the partitions the consumer is assigned while a batch's parts are read.
+    streaming: Option<Streaming>,
+}
+
+/// The consumer's assignment in real-time mode: every partition, from the end of the last
+/// part on, fetched continuously.
+#[derive(Debug)]
+struct Streaming {
+    /// The batch the last part was read for.
+    batch_id: u64,
+    /// Sorted, as [`PartitionOffsets`] are.
+    partitions: Vec<TopicPartition>,
+    index: BTreeMap<(String, i32), usize>,
+    /// The next offset of each partition: where the next part starts.
+    next: Vec<i64>,
+}
+
+/// One part read in real-time mode.
+#[derive(Debug)]
+pub struct Arrival {
+    pub plan: KafkaPlan,
+    pub decoded: Decoded,
+    /// Each row's record timestamp (ms), in the rows' order.
+    pub event_ms: Vec<i64>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -216,8 +246,10 @@ impl KafkaSource {
             // An offset out of range is data loss, never a silent jump.
             .set("auto.offset.reset", "error")
             // A long-poll fetch outstanding at the end of a range delays the next assign
-            // by this much (librdkafka's default of 500 ms would add it to every batch).
-            .set("fetch.wait.max.ms", "20")
+            // by this much (librdkafka's default of 500 ms would add it to every batch). A
+            // broker answers a waiting fetch as soon as data arrives, but librdkafka's mock
+            // cluster only when this expires, which bounds what real-time mode waits there.
+            .set("fetch.wait.max.ms", "5")
             // Output of a transactional Kafka sink is read committed (and so are the
             // watermarks: the high watermark is then the last stable offset).
             .set("isolation.level", "read_committed")
@@ -249,6 +281,7 @@ impl KafkaSource {
             decoder,
             schema,
             next_start,
+            streaming: None,
         })
     }
 
@@ -279,6 +312,27 @@ impl KafkaSource {
     /// # Errors
     /// When the broker cannot be asked.
     pub fn available(&self) -> Result<Available, KafkaSourceError> {
+        let mut available = Available::default();
+        for tp in self.partitions()? {
+            let (low, high) = self
+                .consumer
+                .fetch_watermarks(&tp.topic, tp.partition, REQUEST_TIMEOUT)
+                .map_err(|error| KafkaSourceError::Watermarks {
+                    source_name: self.name.clone(),
+                    tp: tp.clone(),
+                    error: Box::new(error),
+                })?;
+            available.earliest.0.insert(tp.clone(), low);
+            available.latest.0.insert(tp, high);
+        }
+        Ok(available)
+    }
+
+    /// The partitions of the subscribed topics now.
+    ///
+    /// # Errors
+    /// When the broker cannot be asked.
+    fn partitions(&self) -> Result<Vec<TopicPartition>, KafkaSourceError> {
         let metadata = self
             .consumer
             .fetch_metadata(None, REQUEST_TIMEOUT)
@@ -287,7 +341,7 @@ impl KafkaSource {
                 bootstrap: self.spec.bootstrap_servers.clone(),
                 error: Box::new(error),
             })?;
-        let mut available = Available::default();
+        let mut partitions = Vec::new();
         for topic in metadata.topics() {
             let wanted = match (&self.spec.topics, &self.pattern) {
                 (KafkaTopics::Subscribe(names), _) => names.iter().any(|n| n == topic.name()),
@@ -300,20 +354,11 @@ impl KafkaSource {
                 continue;
             }
             for partition in topic.partitions() {
-                let tp = TopicPartition::new(topic.name(), partition.id());
-                let (low, high) = self
-                    .consumer
-                    .fetch_watermarks(topic.name(), partition.id(), REQUEST_TIMEOUT)
-                    .map_err(|error| KafkaSourceError::Watermarks {
-                        source_name: self.name.clone(),
-                        tp: tp.clone(),
-                        error: Box::new(error),
-                    })?;
-                available.earliest.0.insert(tp.clone(), low);
-                available.latest.0.insert(tp, high);
+                partitions.push(TopicPartition::new(topic.name(), partition.id()));
             }
         }
-        Ok(available)
+        partitions.sort();
+        Ok(partitions)
     }
 
     /// The latest offsets now (the target of an available-now run).
@@ -443,6 +488,8 @@ impl KafkaSource {
     /// When the broker fails or stalls, offsets are gone (and `fail_on_data_loss` holds), or
     /// a value is malformed under the `fail` policy.
     pub fn read(&mut self, batch_id: u64, plan: &KafkaPlan) -> Result<Decoded, KafkaSourceError> {
+        // A range is read by its own assignment.
+        self.end_parts();
         // (partition, next offset wanted, end)
         let mut ranges: Vec<(TopicPartition, i64, i64)> = Vec::new();
         let mut losses = Vec::new();
@@ -502,39 +549,269 @@ impl KafkaSource {
         // Nothing stays assigned between batches: no fetch runs ahead of the plan.
         let _ = self.consumer.unassign();
         result?;
-        match (&mut self.decoder, rows) {
-            (Some(decoder), rows) => {
-                for ((tp, _, _), r) in ranges.iter().zip(rows) {
-                    if let Rows::Json(j) = r
-                        && !j.is_empty()
-                    {
-                        j.decode(tp, decoder, &mut out).map_err(|error| {
-                            KafkaSourceError::Json {
-                                source_name: self.name.clone(),
-                                batch_id,
-                                error,
-                            }
-                        })?;
-                    }
-                }
-            }
-            (None, rows) => {
-                for r in rows {
-                    if let Rows::Raw(raw) = r
-                        && let Some(batch) =
-                            raw.finish(&self.schema)
-                                .map_err(|error| KafkaSourceError::Arrow {
-                                    source_name: self.name.clone(),
-                                    batch_id,
-                                    error,
-                                })?
-                    {
-                        out.batches.push(batch);
-                    }
-                }
+        let partitions: Vec<&TopicPartition> = ranges.iter().map(|(tp, _, _)| tp).collect();
+        self.finish_rows(batch_id, &partitions, rows, &mut out)?;
+        Ok(out)
+    }
+
+    /// Real-time mode: reads the records that arrive next, from where the last part (or
+    /// batch) ended: waits up to `wait` for the first, then takes what arrives within
+    /// `linger` of it (at most `max_offsets_per_trigger` records, when set). The consumer
+    /// stays assigned between calls, fetching ahead, until [`KafkaSource::end_parts`].
+    /// `None` when nothing arrived. The part's range is planned: the next starts at its end.
+    ///
+    /// # Errors
+    /// When the broker fails, offsets are gone (and `fail_on_data_loss` holds), or a value is
+    /// malformed under the `fail` policy.
+    pub fn arrive(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+        wait: Duration,
+        linger: Duration,
+    ) -> Result<Option<Arrival>, KafkaSourceError> {
+        // A new batch looks for new partitions (one metadata request); the assignment, and
+        // what the consumer fetched ahead, carry over from the last batch otherwise.
+        if self
+            .streaming
+            .as_ref()
+            .is_some_and(|s| s.batch_id != batch_id)
+        {
+            let now: std::collections::BTreeSet<TopicPartition> =
+                self.partitions()?.into_iter().collect();
+            let streaming = self.streaming.as_mut().map(|s| {
+                s.batch_id = batch_id;
+                s.partitions
+                    .iter()
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<_>>()
+            });
+            if streaming.is_some_and(|assigned| assigned != now) {
+                self.end_parts();
             }
         }
-        Ok(out)
+        if self.streaming.is_none() {
+            self.start_streaming(checkpoint, batch_id)?;
+        }
+        let Some(streaming) = self.streaming.as_mut() else {
+            // No partition yet (no topic): nothing can arrive before the next look.
+            std::thread::sleep(wait);
+            return Ok(None);
+        };
+        let start: Vec<i64> = streaming.next.clone();
+        let json = self.decoder.is_some();
+        let mut rows: Vec<Rows> = streaming
+            .partitions
+            .iter()
+            .map(|_| if json { Rows::json() } else { Rows::raw() })
+            .collect();
+        let limit = self
+            .spec
+            .max_offsets_per_trigger
+            .map_or(u64::MAX, |n| n.get());
+        let mut event_ms = Vec::new();
+        let mut taken = 0u64;
+        let mut count = 0u64;
+        let first_until = Instant::now() + wait;
+        let mut until = first_until;
+        let mut arrived = false;
+        loop {
+            let now = Instant::now();
+            if now >= until || taken >= limit {
+                break;
+            }
+            // Whole milliseconds, rounded up: librdkafka's timeouts are in milliseconds, and
+            // a remainder rounded down to 0 would spin.
+            let Some(polled) = self.consumer.poll(ceil_ms(until - now)) else {
+                continue;
+            };
+            let message = match polled {
+                Ok(m) => m,
+                Err(KafkaError::PartitionEOF(_)) => continue,
+                Err(error) => {
+                    return Err(KafkaSourceError::Poll {
+                        source_name: self.name.clone(),
+                        batch_id,
+                        error: Box::new(error),
+                    });
+                }
+            };
+            let Some(&i) = streaming
+                .index
+                .get(&(message.topic().to_owned(), message.partition()))
+            else {
+                continue;
+            };
+            let offset = message.offset();
+            if offset < streaming.next[i] {
+                continue;
+            }
+            streaming.next[i] = offset + 1;
+            taken += 1;
+            if crate::sink::kafka::is_marker(&message) {
+                continue;
+            }
+            let timestamp = match message.timestamp() {
+                Timestamp::NotAvailable => None,
+                Timestamp::CreateTime(ms) => Some((ms, 0)),
+                Timestamp::LogAppendTime(ms) => Some((ms, 1)),
+            };
+            if let Some((ms, _)) = timestamp {
+                event_ms.push(ms);
+            }
+            rows[i].push(
+                &streaming.partitions[i],
+                &Record {
+                    key: message.key(),
+                    value: message.payload(),
+                    offset,
+                    timestamp,
+                },
+            );
+            count += 1;
+            if !arrived {
+                arrived = true;
+                until = Instant::now() + linger;
+            }
+        }
+        if taken == 0 {
+            return Ok(None);
+        }
+        let to_offsets = |next: &[i64]| {
+            PartitionOffsets(
+                streaming
+                    .partitions
+                    .iter()
+                    .cloned()
+                    .zip(next.iter().copied())
+                    .collect(),
+            )
+        };
+        let plan = KafkaPlan {
+            start: to_offsets(&start),
+            end: to_offsets(&streaming.next),
+            latest: to_offsets(&streaming.next),
+        };
+        let partitions: Vec<TopicPartition> = streaming.partitions.clone();
+        let partitions: Vec<&TopicPartition> = partitions.iter().collect();
+        let mut decoded = Decoded {
+            num_input_rows: count,
+            ..Decoded::default()
+        };
+        self.finish_rows(batch_id, &partitions, rows, &mut decoded)?;
+        self.planned(&plan);
+        Ok(Some(Arrival {
+            plan,
+            decoded,
+            event_ms,
+        }))
+    }
+
+    /// Assigns every partition at the end of the last part or batch (new partitions at
+    /// their start); offsets gone since then are data loss.
+    fn start_streaming(
+        &mut self,
+        checkpoint: &Checkpoint,
+        batch_id: u64,
+    ) -> Result<(), KafkaSourceError> {
+        let available = self.available()?;
+        let previous = self.resolve_start(checkpoint, &available)?;
+        let (start, losses) = offsets::reconcile(&previous, &available);
+        if !losses.is_empty() {
+            self.data_loss(Some(batch_id), losses)?;
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (tp, &at) in &start.0 {
+            assignment
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(at))
+                .map_err(|error| self.consume_error(batch_id, tp, at, at, error))?;
+        }
+        if start.0.is_empty() {
+            return Ok(());
+        }
+        self.consumer
+            .assign(&assignment)
+            .map_err(|error| KafkaSourceError::Poll {
+                source_name: self.name.clone(),
+                batch_id,
+                error: Box::new(error),
+            })?;
+        self.next_start = Some(start.clone());
+        self.streaming = Some(Streaming {
+            batch_id,
+            index: start
+                .0
+                .keys()
+                .enumerate()
+                .map(|(i, tp)| ((tp.topic.clone(), tp.partition), i))
+                .collect(),
+            partitions: start.0.keys().cloned().collect(),
+            next: start.0.values().copied().collect(),
+        });
+        Ok(())
+    }
+
+    /// Real-time mode: the batch's parts are over; nothing stays assigned.
+    pub fn end_parts(&mut self) {
+        if self.streaming.take().is_some() {
+            let _ = self.consumer.unassign();
+        }
+    }
+
+    /// Rows of each partition (in `partitions`' order) into `out`: decoded JSON, or Spark's
+    /// Kafka columns.
+    fn finish_rows(
+        &mut self,
+        batch_id: u64,
+        partitions: &[&TopicPartition],
+        rows: Vec<Rows>,
+        out: &mut Decoded,
+    ) -> Result<(), KafkaSourceError> {
+        match (&mut self.decoder, rows) {
+            (Some(decoder), rows) => {
+                let rows: Vec<(&TopicPartition, rows::JsonRows)> = partitions
+                    .iter()
+                    .copied()
+                    .zip(rows)
+                    .filter_map(|(tp, r)| match r {
+                        Rows::Json(j) => Some((tp, j)),
+                        Rows::Raw(_) => None,
+                    })
+                    .collect();
+                rows::decode_partitions(&rows, decoder, out).map_err(|error| {
+                    KafkaSourceError::Json {
+                        source_name: self.name.clone(),
+                        batch_id,
+                        error,
+                    }
+                })?;
+            }
+            (None, rows) => {
+                let arrow = |error| KafkaSourceError::Arrow {
+                    source_name: self.name.clone(),
+                    batch_id,
+                    error,
+                };
+                let mut batches = Vec::new();
+                for r in rows {
+                    if let Rows::Raw(raw) = r
+                        && let Some(batch) = raw.finish(&self.schema).map_err(arrow)?
+                    {
+                        batches.push(batch);
+                    }
+                }
+                // Small ones (a real-time part) as one batch for the partitions together, as
+                // JSON values are decoded.
+                let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+                if batches.len() > 1 && total <= crate::source::DECODE_BATCH_ROWS {
+                    let one = arrow_select::concat::concat_batches(&self.schema, &batches)
+                        .map_err(arrow)?;
+                    batches = vec![one];
+                }
+                out.batches.append(&mut batches);
+            }
+        }
+        Ok(())
     }
 
     /// Polls until every range is complete: its last offset delivered, or the consumer's

@@ -197,6 +197,67 @@ impl JsonRows {
     }
 }
 
+/// Decodes the values of several partitions' ranges as one run of lines, in the order given
+/// (the partitions' order, so that a replay yields the same batches whatever order the
+/// broker's fetch responses came in): one batch per [`DECODE_BATCH_ROWS`] rows or megabyte,
+/// not one per partition, so that a small real-time part over many partitions is one batch
+/// for the transforms. Malformed records are named as [`JsonRows::decode`] names them.
+///
+/// # Errors
+/// [`JsonError`] with the record's partition and offset under the `fail` policy.
+///
+/// [`DECODE_BATCH_ROWS`]: crate::source::DECODE_BATCH_ROWS
+pub fn decode_partitions(
+    rows: &[(&TopicPartition, JsonRows)],
+    decoder: &mut Decoder,
+    out: &mut Decoded,
+) -> Result<(), JsonError> {
+    let filled: Vec<&(&TopicPartition, JsonRows)> =
+        rows.iter().filter(|(_, r)| !r.is_empty()).collect();
+    match filled.as_slice() {
+        [] => return Ok(()),
+        [(tp, r)] => return r.decode(tp, decoder, out),
+        _ => {}
+    }
+    let mut lines = Vec::with_capacity(filled.iter().map(|(_, r)| r.lines.len()).sum());
+    // Each line's partition (index into `filled`) and offset.
+    let mut origins: Vec<(usize, i64)> =
+        Vec::with_capacity(filled.iter().map(|(_, r)| r.len()).sum());
+    for (i, (_, r)) in filled.iter().enumerate() {
+        lines.extend_from_slice(&r.lines);
+        origins.extend(r.offsets.iter().map(|&o| (i, o)));
+    }
+    let origin_of = |line: u64| {
+        usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|i| origins.get(i).copied())
+    };
+    let mut local = Decoded::default();
+    decoder
+        .decode(&lines, "kafka", &mut local)
+        .map_err(|error| match error {
+            DecodeError::Malformed { line, reason, .. } => {
+                let (i, offset) = origin_of(line).unwrap_or((0, -1));
+                JsonError::Malformed {
+                    tp: filled[i].0.clone(),
+                    offset,
+                    reason,
+                }
+            }
+            other => JsonError::Decode(other),
+        })?;
+    for m in &mut local.malformed {
+        if let Some((i, offset)) = origin_of(m.line) {
+            m.origin = format!("{}@{offset}", filled[i].0);
+        }
+    }
+    out.batches.append(&mut local.batches);
+    out.num_malformed += local.num_malformed;
+    out.malformed.append(&mut local.malformed);
+    Ok(())
+}
+
 /// Decoding the JSON values of a partition failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JsonError {
