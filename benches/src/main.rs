@@ -23,6 +23,8 @@
 //! and runs Kafka → JSON decode → files or Delta (see `kafka.rs`).
 //! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR]` times
 //! Delta commits and a Delta → Delta query (see `delta.rs`).
+//! `weir-bench latency [--rate N] [--query stateless|count] [--mode real-time|micro-batch]`
+//! measures Kafka → Weir → Kafka end-to-end latency (see `latency.rs`).
 //! `weir-bench serve noisy|load` runs many tenants' queries in one `weir serve`: noisy
 //! neighbours, and 100 queries of 10 tenants (see `serve.rs`).
 
@@ -48,6 +50,7 @@ use weir_host::query::{Query, QueryOptions};
 mod delta;
 mod fixed_cost;
 mod kafka;
+mod latency;
 mod loading;
 mod plugin_state;
 mod serve;
@@ -67,12 +70,13 @@ fn main() -> ExitCode {
         Some("fixed-cost") => fixed_cost::fixed_cost(&args[2..]),
         Some("instances") => loading::instances(&args[2..]),
         Some("kafka") => kafka::kafka(&args[2..]),
+        Some("latency") => latency::latency(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("serve") => serve::serve(&args[2..]),
         Some("threads") => threads::threads(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count] [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {
