@@ -77,6 +77,14 @@ struct Setup {
     reference: Vec<String>,
 }
 
+impl Setup {
+    /// Writes `{tag}.toml`: [`pipeline`] on topic `tag` into `sink`, on [`REAL_TIME`].
+    fn real_time(&self, tag: &str, sink: &str) -> Result<PathBuf> {
+        let text = pipeline(tag, &self.broker.bootstrap(), tag, REAL_TIME, sink);
+        self.ws.pipeline(&format!("{tag}.toml"), &text)
+    }
+}
+
 fn setup() -> Result<Setup> {
     let ws = Workspace::new(4, 200)?;
     let broker = Broker::start()?;
@@ -286,15 +294,9 @@ fn kafka_to_files_in_real_time_survives_a_kill_at_every_phase() -> Result<()> {
             continue;
         }
         let tag = tag_of("files", phase);
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(
-                &tag,
-                &s.broker.bootstrap(),
-                &tag,
-                REAL_TIME,
-                &format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n"),
-            ),
+        let file = s.real_time(
+            &tag,
+            &format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n"),
         )?;
         run_through(&s, &file, &tag, &tag, phase)?;
         let got = sorted_output(&s.ws.path().join("out").join(&tag))?;
@@ -317,15 +319,9 @@ fn kafka_to_delta_in_real_time_survives_a_kill_at_every_phase() -> Result<()> {
     let expected = json_rows(&s.reference, SCHEMA)?;
     for phase in phases() {
         let tag = tag_of("delta", phase);
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(
-                &tag,
-                &s.broker.bootstrap(),
-                &tag,
-                REAL_TIME,
-                &format!("[sink]\nkind = \"delta\"\npath = \"tables/{tag}\"\n"),
-            ),
+        let file = s.real_time(
+            &tag,
+            &format!("[sink]\nkind = \"delta\"\npath = \"tables/{tag}\"\n"),
         )?;
         run_through(&s, &file, &tag, &tag, phase)?;
         let table = s.ws.path().join("tables").join(&tag);
@@ -351,17 +347,11 @@ fn kafka_to_kafka_in_real_time_survives_a_kill_at_every_phase() -> Result<()> {
         let tag = tag_of("kafka", phase);
         let out_topic = format!("{tag}-out");
         s.broker.create_topic(&out_topic, 1)?;
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(
-                &tag,
-                &s.broker.bootstrap(),
-                &tag,
-                REAL_TIME,
-                &format!(
-                    "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{out_topic}\"\n",
-                    s.broker.bootstrap()
-                ),
+        let file = s.real_time(
+            &tag,
+            &format!(
+                "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{out_topic}\"\n",
+                s.broker.bootstrap()
             ),
         )?;
         let log = run_through(&s, &file, &tag, &tag, phase)?;
@@ -484,16 +474,10 @@ fn update_mode_counts_and_dedup_in_real_time_survive_a_kill() -> Result<()> {
     ensure!(!first_wave.is_empty(), "no rows of the first wave");
     for phase in [None, Some("after-offsets"), Some("before-commit")] {
         let tag = tag_of("dedup", phase);
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(
-                &tag,
-                &s.broker.bootstrap(),
-                &tag,
-                REAL_TIME,
-                &format!(
-                    "{dedup}\n[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n"
-                ),
+        let file = s.real_time(
+            &tag,
+            &format!(
+                "{dedup}\n[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"json\"\n"
             ),
         )?;
         run_waves(&s, &file, &tag, phase, &tag, &repeated)?;
@@ -595,10 +579,7 @@ fn a_stream_static_join_in_real_time_survives_a_kill() -> Result<()> {
     );
     for phase in [None, Some("after-offsets")] {
         let tag = tag_of("join", phase);
-        let file = s.ws.pipeline(
-            &format!("{tag}.toml"),
-            &pipeline(&tag, &s.broker.bootstrap(), &tag, REAL_TIME, &sink(&tag)),
-        )?;
+        let file = s.real_time(&tag, &sink(&tag))?;
         run_through(&s, &file, &tag, &tag, phase)?;
         let got = sorted_output(&s.ws.path().join("out").join(&tag))?;
         assert_eq!(got, expected, "{tag}: every order joined, exactly once");

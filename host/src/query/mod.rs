@@ -834,6 +834,25 @@ impl Query {
         }
     }
 
+    /// The entry of `offsets/N` for the batch planned now over `sources`: the watermarks, the
+    /// plugin builds and the static tables' snapshots it runs with.
+    fn new_entry(&self, sources: Vec<SourceOffset>) -> Result<OffsetEntry, QueryError> {
+        Ok(OffsetEntry {
+            batch_watermark_ms: self.next_watermark_ms,
+            late_row_watermark_ms: self.last_watermark_ms,
+            batch_timestamp_ms: self.options.clock.now_ms(),
+            sources,
+            plugins: self.plugin_builds(),
+            tables: self
+                .join
+                .as_ref()
+                .map(StaticJoin::current_snapshot)
+                .transpose()?
+                .into_iter()
+                .collect(),
+        })
+    }
+
     /// Plans the next batch over what the sources staged (durably) and runs it.
     fn plan_and_run(&mut self) -> Result<(), QueryError> {
         self.reload_if_asked();
@@ -851,23 +870,9 @@ impl Query {
                 recorded,
             });
         }
-        self.checkpoint.offsets().put(
-            n,
-            &OffsetEntry {
-                batch_watermark_ms: self.next_watermark_ms,
-                late_row_watermark_ms: self.last_watermark_ms,
-                batch_timestamp_ms: self.options.clock.now_ms(),
-                sources: offsets,
-                plugins: self.plugin_builds(),
-                tables: self
-                    .join
-                    .as_ref()
-                    .map(StaticJoin::current_snapshot)
-                    .transpose()?
-                    .into_iter()
-                    .collect(),
-            },
-        )?;
+        self.checkpoint
+            .offsets()
+            .put(n, &self.new_entry(offsets)?)?;
         let wal_ms = millis(started.elapsed());
         Failpoint::check(self.options.failpoint().as_ref(), Phase::AfterOffsets, n);
         self.next_batch = n + 1;
@@ -913,7 +918,6 @@ impl Query {
                 Err(e) => return Err(e),
             }
         };
-        Failpoint::check(self.options.failpoint().as_ref(), Phase::BeforeCommit, n);
         self.commit_batch(
             n,
             &entry,
@@ -941,6 +945,7 @@ impl Query {
         wal_ms: u64,
         trigger_start: Instant,
     ) -> Result<(), QueryError> {
+        Failpoint::check(self.options.failpoint().as_ref(), Phase::BeforeCommit, n);
         let commit_started = Instant::now();
         // State first (version n), then the batch (§3 step 4).
         let mut state_metrics = Vec::new();

@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{BatchRun, OffsetEntry, Query, QueryError, SourceOffset, StaticJoin, millis};
+use super::{BatchRun, OffsetEntry, Query, QueryError, SourceOffset, millis};
 use crate::failpoint::{Failpoint, Phase};
 use crate::plugin::{BatchInfo, QueryEvent};
 use crate::progress::{self, LatencyProgress};
@@ -43,20 +43,7 @@ impl Query {
         self.reload_if_asked();
         let n = self.next_batch;
         let trigger_start = Instant::now();
-        let mut entry = OffsetEntry {
-            batch_watermark_ms: self.next_watermark_ms,
-            late_row_watermark_ms: self.last_watermark_ms,
-            batch_timestamp_ms: self.options.clock.now_ms(),
-            sources: Vec::new(),
-            plugins: self.plugin_builds(),
-            tables: self
-                .join
-                .as_ref()
-                .map(StaticJoin::current_snapshot)
-                .transpose()?
-                .into_iter()
-                .collect(),
-        };
+        let mut entry = self.new_entry(Vec::new())?;
         let info = BatchInfo {
             query_id: self.checkpoint.query_id().to_owned(),
             batch_id: n,
@@ -124,7 +111,6 @@ impl Query {
             self.last_trigger = None;
             return self.run_planned(n, true, wal_ms, trigger_start);
         }
-        Failpoint::check(self.options.failpoint().as_ref(), Phase::BeforeCommit, n);
         let mut outcome = run.outcome();
         outcome.latency = latency.progress();
         self.commit_batch(

@@ -307,6 +307,17 @@ impl KafkaSource {
         self.decoder.is_some()
     }
 
+    /// The low and high watermarks of `tp`, asked of the broker.
+    fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64), KafkaSourceError> {
+        self.consumer
+            .fetch_watermarks(&tp.topic, tp.partition, REQUEST_TIMEOUT)
+            .map_err(|error| KafkaSourceError::Watermarks {
+                source_name: self.name.clone(),
+                tp: tp.clone(),
+                error: Box::new(error),
+            })
+    }
+
     /// The partitions of the subscribed topics now, with their low and high watermarks.
     ///
     /// # Errors
@@ -314,14 +325,7 @@ impl KafkaSource {
     pub fn available(&self) -> Result<Available, KafkaSourceError> {
         let mut available = Available::default();
         for tp in self.partitions()? {
-            let (low, high) = self
-                .consumer
-                .fetch_watermarks(&tp.topic, tp.partition, REQUEST_TIMEOUT)
-                .map_err(|error| KafkaSourceError::Watermarks {
-                    source_name: self.name.clone(),
-                    tp: tp.clone(),
-                    error: Box::new(error),
-                })?;
+            let (low, high) = self.watermarks(&tp)?;
             available.earliest.0.insert(tp.clone(), low);
             available.latest.0.insert(tp, high);
         }
@@ -498,14 +502,7 @@ impl KafkaSource {
             if start >= end {
                 continue;
             }
-            let (low, _) = self
-                .consumer
-                .fetch_watermarks(&tp.topic, tp.partition, REQUEST_TIMEOUT)
-                .map_err(|error| KafkaSourceError::Watermarks {
-                    source_name: self.name.clone(),
-                    tp: tp.clone(),
-                    error: Box::new(error),
-                })?;
+            let (low, _) = self.watermarks(tp)?;
             if low > start {
                 losses.push(DataLoss::Truncated {
                     tp: tp.clone(),
