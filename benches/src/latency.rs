@@ -1,9 +1,10 @@
 //! `weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count]
-//! [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--work DIR]`:
+//! [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS]
+//! [--work DIR]`:
 //! end-to-end latency of Kafka → Weir → Kafka.
 //!
-//! A producer thread writes JSON events at a steady `--rate` per second (the events due every 5 ms
-//! sent at once, `linger.ms` = 0) to a topic of librdkafka's mock cluster, in this process and
+//! A producer thread writes JSON events at a steady `--rate` per second (the events due every
+//! `--tick` ms, default 20, sent at once, `linger.ms` = 0) to a topic of librdkafka's mock cluster, in this process and
 //! reached over TCP. Each event carries `ts`, the time it was produced, which is also its Kafka
 //! timestamp. `weir run` (a child process) reads the topic, runs a stateless Wasm transform
 //! (`normalize_status` lowercasing `key`) or an update-mode count by key (with `max(ts)`, the
@@ -34,11 +35,14 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::flag;
 
 const OUT_PARTITIONS: i32 = 4;
-/// The producer's pace: every tick, the events due, sent at once (one message set per
-/// partition). The mock cluster finds an offset by walking a partition's message sets, so
-/// a tick of 1 ms (thousands of sets a second) makes the broker, not Weir, the bottleneck
-/// within half a minute.
-const TICK: Duration = Duration::from_millis(5);
+/// The producer's pace (`--tick`, default 20 ms): every tick, the events due, sent at once
+/// (one message set per partition), each stamped with the time it is sent, so the tick adds
+/// nothing to a measured latency. The mock cluster finds an offset by walking a partition's
+/// message sets from the oldest it keeps (the last 5 MiB, or 100,000 sets), and answers a
+/// consumer's empty fetch after the same walk, so every set a tick adds makes each later fetch
+/// slower: at 10,000 events/s with 5 ms ticks the broker's thread takes 40 CPU-seconds in a
+/// minute and falls behind (Weir, 4), with 20 ms ticks 8 (BENCHMARKS.md §15).
+const DEFAULT_TICK_MS: u64 = 20;
 const SCHEMA: &str = "id BIGINT, key STRING, ts BIGINT, amount DOUBLE";
 
 pub fn latency(args: &[String]) -> Result<()> {
@@ -49,6 +53,8 @@ pub fn latency(args: &[String]) -> Result<()> {
     let query = flag(args, "--query").unwrap_or_else(|| "stateless".into());
     let mode = flag(args, "--mode").unwrap_or_else(|| "real-time".into());
     let interval = flag(args, "--interval").unwrap_or_else(|| "10s".into());
+    let tick =
+        Duration::from_millis(flag(args, "--tick").map_or(Ok(DEFAULT_TICK_MS), |r| r.parse())?);
     let work = match flag(args, "--work") {
         Some(w) => PathBuf::from(w),
         None => std::env::temp_dir().join(format!("weir-bench-latency-{}", std::process::id())),
@@ -173,7 +179,7 @@ topic = "out"
                     sent += 1;
                 }
                 produced.store(sent, Ordering::Relaxed);
-                std::thread::sleep(TICK);
+                std::thread::sleep(tick);
             }
             producer.flush(Duration::from_secs(30))?;
             Ok(())
