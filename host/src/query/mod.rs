@@ -727,14 +727,7 @@ impl Query {
             self.idle = false;
             return Ok(true);
         }
-        if !self.idle && self.summary.batches > 0 {
-            self.idle = true;
-            self.listeners.send(QueryEvent::Idle {
-                id: self.checkpoint.query_id().to_owned(),
-                run_id: self.run_id.clone(),
-                timestamp: progress::rfc3339_ms(self.options.clock.now_ms()),
-            });
-        }
+        self.note_idle();
         Ok(false)
     }
 

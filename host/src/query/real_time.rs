@@ -187,7 +187,7 @@ impl Query {
     }
 
     /// The query found nothing to do: the listeners hear it once.
-    fn note_idle(&mut self) {
+    pub(super) fn note_idle(&mut self) {
         if !self.idle && self.summary.batches > 0 {
             self.idle = true;
             self.listeners.send(QueryEvent::Idle {

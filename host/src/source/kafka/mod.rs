@@ -307,6 +307,27 @@ impl KafkaSource {
         self.decoder.is_some()
     }
 
+    /// Assigns the consumer `partitions`, each to be read from its offset.
+    fn assign<'a>(
+        &self,
+        batch_id: u64,
+        partitions: impl Iterator<Item = (&'a TopicPartition, i64)>,
+    ) -> Result<(), KafkaSourceError> {
+        let mut assignment = TopicPartitionList::new();
+        for (tp, at) in partitions {
+            assignment
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(at))
+                .map_err(|error| self.consume_error(batch_id, tp, at, at, error))?;
+        }
+        self.consumer
+            .assign(&assignment)
+            .map_err(|error| KafkaSourceError::Poll {
+                source_name: self.name.clone(),
+                batch_id,
+                error: Box::new(error),
+            })
+    }
+
     /// The low and high watermarks of `tp`, asked of the broker.
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64), KafkaSourceError> {
         self.consumer
@@ -522,19 +543,7 @@ impl KafkaSource {
         if ranges.is_empty() {
             return Ok(out);
         }
-        let mut assignment = TopicPartitionList::new();
-        for (tp, start, _) in &ranges {
-            assignment
-                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*start))
-                .map_err(|error| self.consume_error(batch_id, tp, *start, *start, error))?;
-        }
-        self.consumer
-            .assign(&assignment)
-            .map_err(|error| KafkaSourceError::Poll {
-                source_name: self.name.clone(),
-                batch_id,
-                error: Box::new(error),
-            })?;
+        self.assign(batch_id, ranges.iter().map(|(tp, start, _)| (tp, *start)))?;
         let json = self.decoder.is_some();
         // One set of rows per partition, in partition order: a replay yields the same
         // batches whatever order the broker's fetch responses came in.
@@ -717,22 +726,10 @@ impl KafkaSource {
         if !losses.is_empty() {
             self.data_loss(Some(batch_id), losses)?;
         }
-        let mut assignment = TopicPartitionList::new();
-        for (tp, &at) in &start.0 {
-            assignment
-                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(at))
-                .map_err(|error| self.consume_error(batch_id, tp, at, at, error))?;
-        }
         if start.0.is_empty() {
             return Ok(());
         }
-        self.consumer
-            .assign(&assignment)
-            .map_err(|error| KafkaSourceError::Poll {
-                source_name: self.name.clone(),
-                batch_id,
-                error: Box::new(error),
-            })?;
+        self.assign(batch_id, start.0.iter().map(|(tp, &at)| (tp, at)))?;
         self.next_start = Some(start.clone());
         self.streaming = Some(Streaming {
             batch_id,
