@@ -1,7 +1,7 @@
 //! `weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count]
 //! [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS]
-//! [--work DIR]`:
-//! end-to-end latency of Kafka → Weir → Kafka.
+//! [--engine weir|spark] [--spark-python PY] [--work DIR]`:
+//! end-to-end latency of Kafka → Weir → Kafka, or of the same pipeline in Spark.
 //!
 //! A producer thread writes JSON events at a steady `--rate` per second (the events due every
 //! `--tick` ms, default 20, sent at once, `linger.ms` = 0) to a topic of librdkafka's mock cluster, in this process and
@@ -12,14 +12,22 @@
 //! sink. The latency of an output record is its Kafka timestamp (set when the sink produced it)
 //! minus its `ts`: produce time to the sink's write, both from record timestamps.
 //!
-//! Only events produced after `--warmup` seconds count, and the child's CPU is read from
-//! `/proc/<pid>/stat` at the end of the warm-up and at the end of the run, so start-up
-//! (plugin compilation, the consumer joining) is not part of the figures. `--mode micro-batch`
-//! runs the same pipeline with the default trigger (each batch starts when the previous one
-//! ends), the anchor of the CPU bar.
+//! The warm-up (`--warmup` seconds) starts when the first output record arrives, so start-up
+//! (plugin compilation, the consumer joining, a JVM starting) and the backlog it leaves are not
+//! part of the figures: only events produced after it count, and the engine's CPU (every
+//! process of its process group, from `/proc`) is read at its end and at the end of the run.
+//! `--mode micro-batch` runs the same pipeline with the default trigger (each batch starts when
+//! the previous one ends), the anchor of the CPU bar.
+//!
+//! `--engine spark --spark-python PY` runs `benches/spark_latency.py` with that Python (pyspark
+//! 4.3 and confluent-kafka) instead of `weir run`: the same queries in Spark on its default
+//! trigger, reading and writing Kafka through pyspark's Python streaming data sources, since
+//! Spark's Kafka connector is not in pyspark's wheel (the script says more). `--mode real-time`
+//! there asks for Spark's real-time mode.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -55,6 +63,14 @@ pub fn latency(args: &[String]) -> Result<()> {
     let interval = flag(args, "--interval").unwrap_or_else(|| "10s".into());
     let tick =
         Duration::from_millis(flag(args, "--tick").map_or(Ok(DEFAULT_TICK_MS), |r| r.parse())?);
+    let engine = flag(args, "--engine").unwrap_or_else(|| "weir".into());
+    let spark_python = flag(args, "--spark-python");
+    if !matches!(engine.as_str(), "weir" | "spark") {
+        bail!("--engine {engine}: use weir or spark");
+    }
+    if (engine == "spark") != spark_python.is_some() {
+        bail!("--engine spark and --spark-python PY go together");
+    }
     let work = match flag(args, "--work") {
         Some(w) => PathBuf::from(w),
         None => std::env::temp_dir().join(format!("weir-bench-latency-{}", std::process::id())),
@@ -116,29 +132,58 @@ topic = "out"
     let file = work.join("latency.toml");
     std::fs::write(&file, pipeline)?;
 
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(&exe)
-        .args(["cli", "run"])
-        .arg(&file)
-        .arg("--cache-dir")
-        .arg(work.join("plugin-cache"))
-        .env("WEIR_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()?;
+    let mut child = match &spark_python {
+        None => Command::new(std::env::current_exe()?)
+            .args(["cli", "run"])
+            .arg(&file)
+            .arg("--cache-dir")
+            .arg(work.join("plugin-cache"))
+            .env("WEIR_LOG", "warn")
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?,
+        Some(python) => Command::new(python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("spark_latency.py"))
+            .args(["--bootstrap", &bootstrap])
+            .args(["--partitions", &partitions.to_string()])
+            .args(["--query", &query])
+            .arg("--checkpoint")
+            .arg(work.join("spark-checkpoint"))
+            .args([
+                "--trigger",
+                if mode == "real-time" {
+                    "realtime"
+                } else {
+                    "default"
+                },
+            ])
+            .args(["--interval", &interval])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(work.join("spark.log"))?)
+            .process_group(0)
+            .spawn()?,
+    };
     let pid = child.id();
+    let engine_name = if engine == "spark" {
+        "spark"
+    } else {
+        "weir run"
+    };
 
     // The reader of the output, from its start as it is written (the mock keeps only the
     // last 5 MiB of a partition): the latency of every record whose event was produced in the
     // measured window.
     let window_from = Arc::new(AtomicI64::new(i64::MAX));
     let reader_stop = Arc::new(AtomicBool::new(false));
+    let outputs = Arc::new(AtomicU64::new(0));
     let reader = {
-        let (window_from, reader_stop, bootstrap) = (
+        let (window_from, reader_stop, outputs, bootstrap) = (
             Arc::clone(&window_from),
             Arc::clone(&reader_stop),
+            Arc::clone(&outputs),
             bootstrap.clone(),
         );
-        std::thread::spawn(move || read_output(&bootstrap, &window_from, &reader_stop))
+        std::thread::spawn(move || read_output(&bootstrap, &window_from, &reader_stop, &outputs))
     };
 
     // The producer.
@@ -187,8 +232,34 @@ topic = "out"
     };
 
     let run_started_ms = now_ms();
+    // The warm-up starts with the first output record.
+    while outputs.load(Ordering::Relaxed) == 0 {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "{engine_name} ended before any output ({status}){}",
+                log_hint(&work)
+            );
+        }
+        if now_ms() - run_started_ms > 300_000 {
+            kill_group(&mut child);
+            bail!("no output from {engine_name} in 300 s{}", log_hint(&work));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first_output_ms = now_ms();
+    let peak_rss_kb = Arc::new(AtomicU64::new(0));
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (Arc::clone(&peak_rss_kb), Arc::clone(&sampler_stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(group_usage(pid).rss_kb, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
     std::thread::sleep(Duration::from_secs(warmup));
-    let cpu_start = cpu_ticks(pid)?;
+    let cpu_start = group_usage(pid).cpu_ticks;
     let measured_from_ms = now_ms();
     window_from.store(measured_from_ms, Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs(seconds));
@@ -196,18 +267,27 @@ topic = "out"
     producer_thread
         .join()
         .map_err(|_| anyhow::anyhow!("the producer panicked"))??;
-    // What was produced last reaches the sink.
-    std::thread::sleep(Duration::from_secs(2));
-    let cpu_end = cpu_ticks(pid)?;
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    if !killed.success() {
-        bail!("kill -TERM {pid}");
+    // What was produced last reaches the sink (a Spark micro-batch may take seconds).
+    std::thread::sleep(Duration::from_secs(if engine == "spark" { 15 } else { 2 }));
+    let cpu_end = group_usage(pid).cpu_ticks;
+    sampler_stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let mut peak_rss_mb = peak_rss_kb.load(Ordering::Relaxed) / 1024;
+    if engine == "weir" {
+        let killed = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        if !killed.success() {
+            bail!("kill -TERM {pid}");
+        }
+        let used = super::wait_measured(&child, Instant::now(), "weir run")?;
+        let _ = child.wait();
+        peak_rss_mb = peak_rss_mb.max(u64::try_from(used.max_rss_kb / 1024).unwrap_or(0));
+    } else {
+        // Spark's side does not stop on a signal by itself: the JVM and the Python workers
+        // are ended with it.
+        kill_group(&mut child);
     }
-    let started = Instant::now();
-    let used = super::wait_measured(&child, started, "weir run")?;
-    let _ = child.wait();
 
     reader_stop.store(true, Ordering::Relaxed);
     let (mut latencies, out_records) = reader
@@ -226,15 +306,16 @@ topic = "out"
     let ticks = clock_ticks_per_second();
     let cpu_s = (cpu_end - cpu_start) as f64 / ticks;
     eprintln!(
-        "latency: {mode} {query} at {rate}/s: {events} events produced, {out_records} output records, started {} ms before the window",
-        measured_from_ms - run_started_ms
+        "latency: {engine} {mode} {query} at {rate}/s: {events} events produced, {out_records} output records, first output {} ms after the start, window {} ms after it",
+        first_output_ms - run_started_ms,
+        measured_from_ms - first_output_ms
     );
     println!(
-        "| query | mode | events/s | seconds | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms | CPU s in window | CPU µs per event | peak RSS MB |"
+        "| engine | query | mode | events/s | seconds | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms | CPU s in window | CPU µs per event | peak RSS MB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {query} | {mode}{} | {rate} | {seconds} | {} | {} | {} | {} | {} | {cpu_s:.2} | {:.2} | {} |",
+        "| {engine} | {query} | {mode}{} | {rate} | {seconds} | {} | {} | {} | {} | {} | {cpu_s:.2} | {:.2} | {peak_rss_mb} |",
         if mode == "real-time" {
             format!(" ({interval})")
         } else {
@@ -246,7 +327,6 @@ topic = "out"
         q(0.999),
         latencies.last().copied().unwrap_or(-1),
         cpu_s * 1e6 / window_events,
-        used.max_rss_kb / 1024
     );
     // Each durable batch's own account (real-time mode: latency percentiles and durations).
     if let Ok(text) = std::fs::read_to_string(work.join("checkpoint/progress.jsonl")) {
@@ -272,16 +352,73 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// User plus system CPU of process `pid` so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')').context("/proc stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let utime: u64 = fields.get(11).context("utime")?.parse()?;
-    let stime: u64 = fields.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
+/// What the processes of process group `group` use now: their CPU so far (user plus system,
+/// in clock ticks) and their resident memory. A process that ended is not counted, which the
+/// engines here never do while measured (Spark reuses its Python workers).
+struct GroupUsage {
+    cpu_ticks: u64,
+    rss_kb: u64,
+}
+
+fn group_usage(group: u32) -> GroupUsage {
+    let mut usage = GroupUsage {
+        cpu_ticks: 0,
+        rss_kb: 0,
+    };
+    let page_kb = {
+        // SAFETY: sysconf has no preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(p).unwrap_or(4096) / 1024
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return usage;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may hold spaces) in parentheses: the
+        // process group is field 5 of the line, utime and stime 14 and 15, rss 24.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        if field(2) != u64::from(group) {
+            continue;
+        }
+        usage.cpu_ticks += field(11) + field(12);
+        usage.rss_kb += field(21) * page_kb;
+    }
+    usage
+}
+
+/// Ends `child` and every process of its group.
+fn kill_group(child: &mut Child) {
+    if let Ok(group) = i32::try_from(child.id()) {
+        // SAFETY: signals the process group this bench created for the child; a group
+        // already gone only makes `kill` return ESRCH.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
+}
+
+fn log_hint(work: &Path) -> String {
+    let log = work.join("spark.log");
+    std::fs::read_to_string(&log)
+        .map(|text| {
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("; the end of {}:\n{}", log.display(), tail.join("\n"))
+        })
+        .unwrap_or_default()
 }
 
 fn clock_ticks_per_second() -> f64 {
@@ -297,6 +434,7 @@ fn read_output(
     bootstrap: &str,
     window_from: &AtomicI64,
     stop: &AtomicBool,
+    outputs: &AtomicU64,
 ) -> Result<(Vec<i64>, u64)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -343,6 +481,7 @@ fn read_output(
                 next[p] = m.offset() + 1;
                 let Some(payload) = m.payload() else { continue };
                 records += 1;
+                outputs.store(records, Ordering::Relaxed);
                 let v: serde_json::Value = serde_json::from_slice(payload)?;
                 let ts = v["ts"].as_i64().context("ts in an output record")?;
                 let written = match m.timestamp() {

@@ -23,8 +23,12 @@
 //! and runs Kafka → JSON decode → files or Delta (see `kafka.rs`).
 //! `weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR]` times
 //! Delta commits and a Delta → Delta query (see `delta.rs`).
-//! `weir-bench latency [--rate N] [--query stateless|count] [--mode real-time|micro-batch]`
-//! measures Kafka → Weir → Kafka end-to-end latency (see `latency.rs`).
+//! `weir-bench latency [--rate N] [--query stateless|count] [--mode real-time|micro-batch]
+//! [--engine weir|spark]` measures Kafka → Weir → Kafka end-to-end latency, or the same
+//! pipeline's in Spark (see `latency.rs`).
+//! `weir-bench nexmark [--events N] [--queries q0,q1,...] [--kafka]` runs the Nexmark queries
+//! Weir can express, checked against a direct computation, in events per core-second beside
+//! Flink's published figures (see `nexmark.rs`).
 //! `weir-bench serve noisy|load` runs many tenants' queries in one `weir serve`: noisy
 //! neighbours, and 100 queries of 10 tenants (see `serve.rs`).
 
@@ -52,6 +56,7 @@ mod fixed_cost;
 mod kafka;
 mod latency;
 mod loading;
+mod nexmark;
 mod plugin_state;
 mod serve;
 mod stateful;
@@ -71,12 +76,14 @@ fn main() -> ExitCode {
         Some("instances") => loading::instances(&args[2..]),
         Some("kafka") => kafka::kafka(&args[2..]),
         Some("latency") => latency::latency(&args[2..]),
+        Some("nexmark") => nexmark::nexmark(&args[2..]),
+        Some("nexmark-run") => nexmark::run(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("serve") => serve::serve(&args[2..]),
         Some("threads") => threads::threads(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count] [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count] [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS] [--engine weir|spark] [--spark-python PY] [--work DIR] | weir-bench nexmark [--events N] [--files F] [--queries q0,q1,...] [--runs R] [--kafka] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
         )),
     };
     match result {

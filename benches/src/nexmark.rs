@@ -1,0 +1,1080 @@
+//! `weir-bench nexmark --events N [--files F] [--queries q0,q1,...] [--runs R] [--work DIR]
+//! [--kafka]`: the Nexmark queries Weir can express, on the events of the Nexmark generator.
+//!
+//! The field compares stream processors on Nexmark, in events per core-second (the Nexmark
+//! README's `Events / (Cores × Time)`), so this is where Weir stands beside Flink's published
+//! figures. The events come from the `nexmark` crate (RisingWave's port of the Java generator),
+//! with its defaults: Person 2 %, Auction 6 %, Bid 92 %, 10,000 events a second of event time
+//! from a fixed base time (2023-01-01), so every run writes the same bytes. They are written as
+//! JSON lines, one folder per event type (`events/person`, `events/auction`, `events/bid`),
+//! file k of each type holding the events of the same range of event numbers, with ISO-8601
+//! timestamps. `--kafka` also produces the Bid lines to the topic `bid` of librdkafka's mock
+//! cluster (in this process, over TCP; it keeps at most 5 MiB of a partition, so there are as
+//! many partitions as that needs) and runs each query that needs no watermark from there too,
+//! as many records a batch as a file holds.
+//!
+//! Each query is a pipeline file (`available-now`, one file per batch) ending in a `memory`
+//! sink that the runner empties after every batch: Flink's figures use its blackhole sink. A
+//! query runs in a child process (`weir-bench nexmark-run`), measured with `wait4`; the figure
+//! is all N generated events over the child's CPU seconds, as Flink's counts every event the
+//! generator made although a Bid query reads only the Bid ones.
+//!
+//! Before the timed runs, one run per query digests every output row (an order-free hash of
+//! each row's values) and compares it with the same digest of the rows the query must give,
+//! computed here directly from the generator's events (not from the files): the reference.
+//! The queries Weir cannot express yet are listed with what is missing.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ::nexmark::EventGenerator;
+use ::nexmark::config::NexmarkConfig;
+use ::nexmark::event::Event;
+use anyhow::{Context, Result, bail};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Decimal128Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
+    TimestampMicrosecondType, TimestampMillisecondType, UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, TimeUnit};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use weir_host::query::{Query, QueryOptions};
+use weir_host::sink::MemorySink;
+
+use super::{flag, median};
+
+/// 2023-01-01T00:00:00Z: fixed, so that every run writes the same events (the crate's default
+/// is the time of the run).
+const BASE_TIME_MS: u64 = 1_672_531_200_000;
+/// Events per second of event time: the crate's default (Flink's suite generates at 10M/s,
+/// which puts 10M events inside one second, less than the 4 s watermark delay).
+const RATE: usize = 10_000;
+
+const BID_SCHEMA: &str = "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, date_time TIMESTAMP, extra STRING";
+
+/// A Nexmark query as Weir runs it.
+struct NexmarkQuery {
+    name: &'static str,
+    /// Events per core-second of Flink 1.13 in the Nexmark README (8 cores × 3 nodes,
+    /// 100M events).
+    flink: f64,
+    /// Feldera's events per second on 16 cores (feldera/feldera `benchmark/README.md`), where
+    /// it publishes one.
+    feldera_16_cores: Option<f64>,
+    /// The pipeline file's stages after `[[source]]`.
+    body: &'static str,
+    /// The rows the query must give, from the events.
+    reference: fn(&mut dyn Iterator<Item = Event>) -> Digest,
+}
+
+const QUERIES: &[NexmarkQuery] = &[
+    NexmarkQuery {
+        name: "q0",
+        flink: 155_020.0,
+        feldera_16_cores: Some(6_973_987.0),
+        body: r#"[[transform]]
+name = "q0"
+sql = "SELECT auction, bidder, price, date_time, extra FROM input"
+"#,
+        reference: reference_q0,
+    },
+    NexmarkQuery {
+        name: "q1",
+        flink: 157_940.0,
+        feldera_16_cores: Some(6_595_871.0),
+        body: r#"[[transform]]
+name = "q1"
+sql = "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM input"
+"#,
+        reference: reference_q1,
+    },
+    NexmarkQuery {
+        name: "q2",
+        flink: 175_210.0,
+        feldera_16_cores: Some(6_748_549.0),
+        body: r#"[[transform]]
+name = "q2"
+sql = "SELECT auction, price FROM input WHERE auction % 123 = 0"
+"#,
+        reference: reference_q2,
+    },
+    NexmarkQuery {
+        name: "q11",
+        flink: 39_700.0,
+        feldera_16_cores: None,
+        body: r#"[watermark]
+column = "date_time"
+delay = "4 seconds"
+
+[aggregate]
+window = { column = "date_time", gap = "10 seconds" }
+group_by = ["bidder"]
+select = ["count(*) AS bid_count"]
+"#,
+        reference: reference_q11,
+    },
+    NexmarkQuery {
+        name: "q13",
+        flink: 130_730.0,
+        feldera_16_cores: Some(3_675_255.0),
+        body: r#"[[transform]]
+name = "side_key"
+input = "bid"
+sql = "SELECT auction, bidder, price, date_time, auction % 10000 AS side_key FROM input"
+
+[[table]]
+name = "side_input"
+kind = "files"
+path = "events/side_input.csv"
+format = "csv"
+csv = { header = false }
+schema = "side_key BIGINT, side_value STRING"
+
+[join]
+left = "bid"
+right = "side_input"
+type = "inner"
+on = ["side_key"]
+
+[[transform]]
+name = "q13"
+sql = "SELECT auction, bidder, price, date_time, side_value FROM input"
+"#,
+        reference: reference_q13,
+    },
+    NexmarkQuery {
+        name: "q14",
+        flink: 161_230.0,
+        feldera_16_cores: Some(6_858_711.0),
+        body: r#"[[function]]
+name = "count_char"
+plugin = "plugins/count_char.wasm"
+arguments = ["STRING", "STRING"]
+returns = "INT"
+
+[[transform]]
+name = "q14"
+sql = """
+SELECT auction, bidder, 0.908 * price AS price,
+       CASE
+         WHEN hour(date_time) >= 8 AND hour(date_time) <= 18 THEN 'dayTime'
+         WHEN hour(date_time) <= 6 OR hour(date_time) >= 20 THEN 'nightTime'
+         ELSE 'otherTime'
+       END AS bid_time_type,
+       date_time, extra, count_char(extra, 'c') AS c_counts
+FROM input
+WHERE 0.908 * price > 1000000 AND 0.908 * price < 50000000
+"""
+"#,
+        reference: reference_q14,
+    },
+    NexmarkQuery {
+        name: "q21",
+        flink: 98_490.0,
+        feldera_16_cores: Some(6_634_820.0),
+        body: r#"[[transform]]
+name = "q21"
+sql = """
+SELECT auction, bidder, price, channel,
+       CASE
+         WHEN lower(channel) = 'apple' THEN '0'
+         WHEN lower(channel) = 'google' THEN '1'
+         WHEN lower(channel) = 'facebook' THEN '2'
+         WHEN lower(channel) = 'baidu' THEN '3'
+         ELSE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2)
+       END AS channel_id
+FROM input
+WHERE regexp_like(url, '(&|^)channel_id=') OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')
+"""
+"#,
+        reference: reference_q21,
+    },
+    NexmarkQuery {
+        name: "q22",
+        flink: 129_960.0,
+        feldera_16_cores: Some(6_305_568.0),
+        body: r#"[[transform]]
+name = "q22"
+sql = "SELECT auction, bidder, price, channel, split_part(url, '/', 4) AS dir1, split_part(url, '/', 5) AS dir2, split_part(url, '/', 6) AS dir3 FROM input"
+"#,
+        reference: reference_q22,
+    },
+];
+
+/// The queries not run, and why.
+const NOT_YET: &[(&str, &str)] = &[
+    (
+        "q3, q20",
+        "unbounded inner stream-stream joins (person ⋈ auction, bid ⋈ auction): expressible, not in the harness yet",
+    ),
+    (
+        "q4, q6, q9",
+        "an aggregate after a stream-stream join, and top-1 per key with updates",
+    ),
+    (
+        "q5, q7, q8",
+        "a windowed aggregate (or dedup) before a join, or two aggregates in a row: one stateful operator per query today; each runs as a chain of 2-3 queries through files",
+    ),
+    (
+        "q10",
+        "a files sink partitioned by columns (Delta's `partition_by` does it)",
+    ),
+    ("q12", "processing-time windows"),
+    (
+        "q15, q16, q17",
+        "unbounded aggregates in update mode: expressible, not in the harness yet",
+    ),
+    ("q18, q19", "keep-last dedup and top-N per key with updates"),
+];
+
+pub fn nexmark(args: &[String]) -> Result<()> {
+    let events: u64 = flag(args, "--events").map_or(Ok(1_000_000), |v| v.parse())?;
+    let files: u64 = flag(args, "--files").map_or(Ok(100), |v| v.parse())?;
+    let runs: usize = flag(args, "--runs").map_or(Ok(3), |v| v.parse())?;
+    let wanted: Option<Vec<String>> =
+        flag(args, "--queries").map(|q| q.split(',').map(|s| s.trim().to_owned()).collect());
+    let work = match flag(args, "--work") {
+        Some(w) => PathBuf::from(w),
+        None => std::env::temp_dir().join(format!("weir-bench-nexmark-{}", std::process::id())),
+    };
+    if !events.is_multiple_of(files) {
+        bail!("--events {events} is not a multiple of --files {files}");
+    }
+    let queries: Vec<&NexmarkQuery> = QUERIES
+        .iter()
+        .filter(|q| {
+            wanted
+                .as_ref()
+                .is_none_or(|w| w.iter().any(|n| n == q.name))
+        })
+        .collect();
+    if let Some(w) = &wanted
+        && let Some(unknown) = w.iter().find(|n| !QUERIES.iter().any(|q| q.name == *n))
+    {
+        bail!("--queries: {unknown} is not one this harness runs");
+    }
+
+    std::fs::create_dir_all(&work)?;
+    let data = work.join("events");
+    let generated = generate(&data, events, files)?;
+    weir_host::examples::write_plugins(&work.join("plugins"))?;
+    let exe = std::env::current_exe()?;
+    let cache = work.join("plugin-cache");
+
+    println!(
+        "Nexmark, {events} events ({files} files a type, {} bytes), generated in {:.1} s{}",
+        generated.bytes,
+        generated.seconds,
+        if generated.seconds == 0.0 {
+            " (already there)"
+        } else {
+            ""
+        }
+    );
+    println!();
+    println!(
+        "| query | output rows | result | CPU s (median of {runs}) | wall s | peak RSS MB | events per core-second | Flink 1.13 | Weir / Flink | Feldera (16 cores) / 16 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut failures = Vec::new();
+    let mut kafka = None;
+    let mut runs_of: Vec<(&NexmarkQuery, bool)> = queries.iter().map(|q| (*q, false)).collect();
+    if args.iter().any(|a| a == "--kafka") {
+        runs_of.extend(
+            queries
+                .iter()
+                .filter(|q| !q.body.contains("[watermark]"))
+                .map(|q| (*q, true)),
+        );
+    }
+    for (q, from_kafka) in runs_of {
+        // The topic is filled after the runs from files: a child's peak RSS as `wait4` reports
+        // it includes what this process held when it started the child, and the mock cluster
+        // holds every record.
+        if from_kafka && kafka.is_none() {
+            kafka = Some(Kafka::start(&data, files)?);
+        }
+        let from_kafka = if from_kafka { kafka.as_ref() } else { None };
+        let file = write_pipeline(&work, q, from_kafka)?;
+        let label = if from_kafka.is_some() {
+            format!("{} (Kafka)", q.name)
+        } else {
+            q.name.to_owned()
+        };
+        // The check run: every output row digested, against the reference.
+        let checked = match run_child(&exe, &file, &cache, true) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("| {label} | – | **failed**: {e} | | | | | | | |");
+                failures.push(format!("{label}: {e}"));
+                continue;
+            }
+        };
+        let expected = (q.reference)(&mut generator(events));
+        let ok = checked.digest == Some(expected);
+        if !ok {
+            failures.push(format!(
+                "{label}: Weir gave {} rows (digest {:?}), the reference {} ({:?})",
+                checked.output_rows, checked.digest, expected.rows, expected.sum
+            ));
+        }
+        let mut cpu = Vec::new();
+        let mut wall = Vec::new();
+        let mut rss = 0u64;
+        for _ in 0..runs {
+            let r = run_child(&exe, &file, &cache, false)?;
+            cpu.push(r.cpu_s);
+            wall.push(r.wall_s);
+            rss = rss.max(u64::try_from(r.max_rss_kb / 1024).unwrap_or(0));
+        }
+        let cpu_s = median(cpu);
+        let per_core = events as f64 / cpu_s;
+        let rss = if from_kafka.is_some() {
+            "–".to_owned()
+        } else {
+            rss.to_string()
+        };
+        println!(
+            "| {label} | {} | {} | {cpu_s:.2} | {:.2} | {rss} | {} | {} | {:.1}× | {} |",
+            checked.output_rows,
+            if ok { "= reference" } else { "**differs**" },
+            median(wall),
+            thousands(per_core),
+            thousands(q.flink),
+            per_core / q.flink,
+            q.feldera_16_cores
+                .map_or("–".to_owned(), |f| thousands(f / 16.0)),
+        );
+    }
+    println!();
+    println!("Not run yet:");
+    for (which, why) in NOT_YET {
+        println!("- {which}: {why}");
+    }
+    if flag(args, "--work").is_none() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    drop(kafka);
+    if !failures.is_empty() {
+        bail!(
+            "results differ from the reference:\n{}",
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+fn thousands(v: f64) -> String {
+    let n = v.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn config() -> NexmarkConfig {
+    NexmarkConfig {
+        base_time: BASE_TIME_MS,
+        first_rate: RATE,
+        next_rate: RATE,
+        ..NexmarkConfig::default()
+    }
+}
+
+fn generator(events: u64) -> impl Iterator<Item = Event> {
+    EventGenerator::new(config()).take(usize::try_from(events).unwrap_or(usize::MAX))
+}
+
+struct Generated {
+    bytes: u64,
+    seconds: f64,
+}
+
+/// Writes the events, unless the folder already holds these (its `done` file names them).
+fn generate(dir: &Path, events: u64, files: u64) -> Result<Generated> {
+    let stamp = format!("events {events} files {files} base {BASE_TIME_MS} rate {RATE}\n");
+    let done = dir.join("done");
+    let size = |dir: &Path| -> Result<u64> {
+        let mut total = 0;
+        for kind in ["person", "auction", "bid"] {
+            for f in std::fs::read_dir(dir.join(kind))? {
+                total += f?.metadata()?.len();
+            }
+        }
+        Ok(total)
+    };
+    if std::fs::read_to_string(&done).is_ok_and(|s| s == stamp) {
+        return Ok(Generated {
+            bytes: size(dir)?,
+            seconds: 0.0,
+        });
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    let started = Instant::now();
+    for kind in ["person", "auction", "bid"] {
+        std::fs::create_dir_all(dir.join(kind))?;
+    }
+    let per_file = events / files;
+    let cfg = config();
+    let mut line = String::new();
+    for k in 0..files {
+        let open = |kind: &str| -> Result<BufWriter<File>> {
+            let path = dir.join(kind).join(format!("events-{k:05}.json"));
+            Ok(BufWriter::with_capacity(1 << 20, File::create(path)?))
+        };
+        let (mut p, mut a, mut b) = (open("person")?, open("auction")?, open("bid")?);
+        let batch = EventGenerator::new(cfg.clone())
+            .with_offset(k * per_file)
+            .take(usize::try_from(per_file)?);
+        for event in batch {
+            line.clear();
+            let out = match &event {
+                Event::Person(e) => {
+                    write!(line, r#"{{"id":{},"name":"#, e.id)?;
+                    json_str(&mut line, &e.name);
+                    line.push_str(r#","email_address":"#);
+                    json_str(&mut line, &e.email_address);
+                    line.push_str(r#","credit_card":"#);
+                    json_str(&mut line, &e.credit_card);
+                    line.push_str(r#","city":"#);
+                    json_str(&mut line, &e.city);
+                    line.push_str(r#","state":"#);
+                    json_str(&mut line, &e.state);
+                    write!(line, r#","date_time":"{}","extra":"#, iso(e.date_time))?;
+                    json_str(&mut line, &e.extra);
+                    &mut p
+                }
+                Event::Auction(e) => {
+                    write!(line, r#"{{"id":{},"item_name":"#, e.id)?;
+                    json_str(&mut line, &e.item_name);
+                    line.push_str(r#","description":"#);
+                    json_str(&mut line, &e.description);
+                    write!(
+                        line,
+                        r#","initial_bid":{},"reserve":{},"date_time":"{}","expires":"{}","seller":{},"category":{},"extra":"#,
+                        e.initial_bid,
+                        e.reserve,
+                        iso(e.date_time),
+                        iso(e.expires),
+                        e.seller,
+                        e.category
+                    )?;
+                    json_str(&mut line, &e.extra);
+                    &mut a
+                }
+                Event::Bid(e) => {
+                    write!(
+                        line,
+                        r#"{{"auction":{},"bidder":{},"price":{},"channel":"#,
+                        e.auction, e.bidder, e.price
+                    )?;
+                    json_str(&mut line, &e.channel);
+                    line.push_str(r#","url":"#);
+                    json_str(&mut line, &e.url);
+                    write!(line, r#","date_time":"{}","extra":"#, iso(e.date_time))?;
+                    json_str(&mut line, &e.extra);
+                    &mut b
+                }
+            };
+            line.push_str("}\n");
+            out.write_all(line.as_bytes())?;
+        }
+        for mut w in [p, a, b] {
+            w.flush()?;
+        }
+    }
+    // Nexmark's side input of q13: keys 0..10,000, each its own value.
+    let mut side = BufWriter::new(File::create(dir.join("side_input.csv"))?);
+    for i in 0..10_000 {
+        writeln!(side, "{i},{i}")?;
+    }
+    side.flush()?;
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::write(&done, stamp)?;
+    Ok(Generated {
+        bytes: size(dir)?,
+        seconds,
+    })
+}
+
+/// `s` as a JSON string (the generator's strings need no escaping, but nothing relies on it).
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Milliseconds since the epoch as ISO-8601 UTC with milliseconds.
+fn iso(ms: u64) -> String {
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Howard Hinnant's `civil_from_days`: the proleptic Gregorian date of a day number.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// The Bid events in a topic of librdkafka's mock cluster.
+struct Kafka {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    /// Records a batch: as many as a file holds.
+    per_batch: u64,
+}
+
+impl Kafka {
+    fn start(data: &Path, files: u64) -> Result<Self> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(data.join("bid"))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        paths.sort();
+        let mut bytes = 0;
+        for p in &paths {
+            bytes += std::fs::metadata(p)?.len();
+        }
+        // The mock keeps at most 5 MiB of a partition.
+        let partitions = i32::try_from(bytes.div_ceil(3 << 20).max(4))?;
+        let cluster: MockCluster<'static, DefaultProducerContext> =
+            MockCluster::new(1).context("starting the mock cluster")?;
+        cluster.create_topic("bid", partitions, 1)?;
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("linger.ms", "20")
+            .set("batch.size", "1000000")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?;
+        let started = Instant::now();
+        let mut produced = 0u64;
+        for p in &paths {
+            let text = std::fs::read_to_string(p)?;
+            for line in text.lines() {
+                let mut record: BaseRecord<'_, (), str> = BaseRecord::to("bid")
+                    .partition(i32::try_from(produced % u64::try_from(partitions)?)?)
+                    .payload(line);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((e, r)) => {
+                            if e.rdkafka_error_code()
+                                != Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                            {
+                                bail!("producing: {e}");
+                            }
+                            record = r;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                }
+                produced += 1;
+            }
+        }
+        producer.flush(Duration::from_secs(120))?;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()?;
+        let mut high_sum = 0;
+        for p in 0..partitions {
+            let (low, high) = consumer.fetch_watermarks("bid", p, Duration::from_secs(10))?;
+            if low != 0 {
+                bail!("bid-{p} starts at {low}: the mock dropped records");
+            }
+            high_sum += high;
+        }
+        if u64::try_from(high_sum)? != produced {
+            bail!("{produced} bids produced, the topic holds {high_sum}");
+        }
+        eprintln!(
+            "produced {produced} bids to {partitions} partitions in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Self {
+            cluster,
+            per_batch: produced / files,
+        })
+    }
+}
+
+fn write_pipeline(work: &Path, q: &NexmarkQuery, kafka: Option<&Kafka>) -> Result<PathBuf> {
+    let mode = if q.body.contains("[aggregate]") {
+        "output_mode = \"append\"\nstate_store = \"rocksdb\"\n"
+    } else {
+        ""
+    };
+    let source = match kafka {
+        None => r#"kind = "files"
+path = "events/bid"
+max_files_per_trigger = 1"#
+            .to_owned(),
+        Some(k) => format!(
+            r#"kind = "kafka"
+bootstrap_servers = "{}"
+subscribe = ["bid"]
+starting_offsets = "earliest"
+max_offsets_per_trigger = {}"#,
+            k.cluster.bootstrap_servers(),
+            k.per_batch
+        ),
+    };
+    let name = match kafka {
+        None => q.name.to_owned(),
+        Some(_) => format!("{}_kafka", q.name),
+    };
+    let text = format!(
+        r#"[query]
+name = "nexmark_{name}"
+checkpoint = "checkpoints/{name}"
+trigger = "available-now"
+{mode}
+[[source]]
+name = "bid"
+{source}
+format = "json"
+schema = "{BID_SCHEMA}"
+on_malformed = "fail"
+
+{body}
+[sink]
+kind = "memory"
+"#,
+        body = q.body
+    );
+    let file = work.join(format!("{name}.toml"));
+    std::fs::write(&file, text)?;
+    Ok(file)
+}
+
+struct ChildRun {
+    output_rows: u64,
+    digest: Option<Digest>,
+    cpu_s: f64,
+    wall_s: f64,
+    max_rss_kb: i64,
+}
+
+fn run_child(exe: &Path, file: &Path, cache: &Path, check: bool) -> Result<ChildRun> {
+    // A fresh checkpoint each run.
+    let dir = file.parent().context("the pipeline's folder")?;
+    let name = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .context("the pipeline's name")?;
+    let checkpoint = dir.join("checkpoints").join(name);
+    if checkpoint.exists() {
+        std::fs::remove_dir_all(&checkpoint)?;
+    }
+    let started = Instant::now();
+    let mut cmd = Command::new(exe);
+    cmd.arg("nexmark-run").arg(file).arg(cache);
+    if check {
+        cmd.arg("--digest");
+    }
+    let child = cmd.env("WEIR_LOG", "warn").stdout(Stdio::piped()).spawn()?;
+    let used = super::wait_measured(&child, started, name)?;
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout {
+        std::io::Read::read_to_string(&mut stdout, &mut out)?;
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("{name}: printed {out:?}"))?;
+    let digest = v.get("digest").and_then(|d| {
+        Some(Digest {
+            rows: d["rows"].as_u64()?,
+            sum: d["sum"].as_str()?.parse().ok()?,
+            xor: d["xor"].as_str()?.parse().ok()?,
+        })
+    });
+    Ok(ChildRun {
+        output_rows: v["output_rows"].as_u64().unwrap_or(0),
+        digest,
+        cpu_s: (used.user + used.system).as_secs_f64(),
+        wall_s: used.wall.as_secs_f64(),
+        max_rss_kb: used.max_rss_kb,
+    })
+}
+
+/// `weir-bench nexmark-run FILE CACHE [--digest]`: runs the pipeline in this process, emptying
+/// its memory sink after every batch (digesting the rows first with `--digest`), and prints
+/// what it counted as JSON.
+pub fn run(args: &[String]) -> Result<()> {
+    let (file, cache) = match args {
+        [file, cache, ..] => (file, cache),
+        _ => bail!("nexmark-run FILE CACHE [--digest]"),
+    };
+    let digesting = args.iter().any(|a| a == "--digest");
+    let spec = weir_host::spec::load(Path::new(file), &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sink = MemorySink::new();
+    let table = sink.table();
+    let digest = Arc::new(Mutex::new((Digest::default(), None::<String>)));
+    let options = QueryOptions {
+        cache_dir: Some(PathBuf::from(cache)),
+        memory_sink: Some(sink),
+        on_progress: Some({
+            let (table, digest) = (Arc::clone(&table), Arc::clone(&digest));
+            Arc::new(move |_, _| {
+                let batches = std::mem::take(&mut *table.lock().unwrap_or_else(|p| p.into_inner()));
+                if digesting {
+                    let mut d = digest.lock().unwrap_or_else(|p| p.into_inner());
+                    for batch in batches.values().flatten() {
+                        if let Err(e) = d.0.add_batch(batch) {
+                            d.1.get_or_insert(e);
+                        }
+                    }
+                }
+            })
+        }),
+        ..QueryOptions::default()
+    };
+    let summary = Query::start(spec, options)?.run()?;
+    let (d, error) = std::mem::take(&mut *digest.lock().unwrap_or_else(|p| p.into_inner()));
+    if let Some(e) = error {
+        bail!("digesting the output: {e}");
+    }
+    let mut out = serde_json::json!({
+        "batches": summary.batches,
+        "input_rows": summary.input_rows,
+        "output_rows": summary.output_rows,
+    });
+    if digesting {
+        out["digest"] =
+            serde_json::json!({"rows": d.rows, "sum": d.sum.to_string(), "xor": d.xor.to_string()});
+    }
+    println!("{out}");
+    Ok(())
+}
+
+/// An order-free digest of rows: how many, and the wrapping sum and the xor of a hash of each
+/// row's values in their canonical text (integers and timestamps in µs as integers, decimals
+/// without trailing zeros, strings as they are, null as `∅`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Digest {
+    rows: u64,
+    sum: u64,
+    xor: u64,
+}
+
+impl Digest {
+    fn add_row(&mut self, values: &[String]) {
+        let mut h = DefaultHasher::new();
+        for v in values {
+            v.hash(&mut h);
+        }
+        let h = h.finish();
+        self.rows += 1;
+        self.sum = self.sum.wrapping_add(h);
+        self.xor ^= h;
+    }
+
+    fn add_batch(&mut self, batch: &RecordBatch) -> Result<(), String> {
+        let mut values = Vec::with_capacity(batch.num_columns());
+        for row in 0..batch.num_rows() {
+            values.clear();
+            for col in batch.columns() {
+                values.push(canonical(col, row)?);
+            }
+            self.add_row(&values);
+        }
+        Ok(())
+    }
+}
+
+fn canonical(col: &ArrayRef, row: usize) -> Result<String, String> {
+    if col.is_null(row) {
+        return Ok("∅".into());
+    }
+    Ok(match col.data_type() {
+        DataType::Int8 => col.as_primitive::<Int8Type>().value(row).to_string(),
+        DataType::Int16 => col.as_primitive::<Int16Type>().value(row).to_string(),
+        DataType::Int32 => col.as_primitive::<Int32Type>().value(row).to_string(),
+        DataType::Int64 => col.as_primitive::<Int64Type>().value(row).to_string(),
+        DataType::UInt32 => col.as_primitive::<UInt32Type>().value(row).to_string(),
+        DataType::UInt64 => col.as_primitive::<UInt64Type>().value(row).to_string(),
+        DataType::Float64 => format!("{:.6}", col.as_primitive::<Float64Type>().value(row)),
+        DataType::Boolean => col.as_boolean().value(row).to_string(),
+        DataType::Utf8 => col.as_string::<i32>().value(row).to_owned(),
+        DataType::LargeUtf8 => col.as_string::<i64>().value(row).to_owned(),
+        DataType::Utf8View => col.as_string_view().value(row).to_owned(),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => col
+            .as_primitive::<TimestampMicrosecondType>()
+            .value(row)
+            .to_string(),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => {
+            (col.as_primitive::<TimestampMillisecondType>().value(row) * 1000).to_string()
+        }
+        DataType::Decimal128(_, scale) => decimal(
+            col.as_primitive::<Decimal128Type>().value(row),
+            u32::try_from(*scale).map_err(|_| format!("decimal scale {scale}"))?,
+        ),
+        other => return Err(format!("no canonical text for {other}")),
+    })
+}
+
+/// `value / 10^scale` without trailing zeros in its fraction.
+fn decimal(value: i128, scale: u32) -> String {
+    let p = 10i128.pow(scale);
+    let (int, frac) = (value / p, (value % p).abs());
+    let sign = if value < 0 && int == 0 { "-" } else { "" };
+    if frac == 0 {
+        return format!("{sign}{int}");
+    }
+    let digits = format!("{frac:0width$}", width = scale as usize);
+    format!("{sign}{int}.{}", digits.trim_end_matches('0'))
+}
+
+fn micros(ms: u64) -> String {
+    (ms * 1000).to_string()
+}
+
+fn bids(events: &mut dyn Iterator<Item = Event>, mut f: impl FnMut(&::nexmark::event::Bid)) {
+    for e in events {
+        if let Event::Bid(b) = e {
+            f(&b);
+        }
+    }
+}
+
+fn reference_q0(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        d.add_row(&[
+            b.auction.to_string(),
+            b.bidder.to_string(),
+            b.price.to_string(),
+            micros(b.date_time),
+            b.extra.clone(),
+        ]);
+    });
+    d
+}
+
+fn reference_q1(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        d.add_row(&[
+            b.auction.to_string(),
+            b.bidder.to_string(),
+            decimal(b.price as i128 * 908, 3),
+            micros(b.date_time),
+            b.extra.clone(),
+        ]);
+    });
+    d
+}
+
+fn reference_q2(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        if b.auction % 123 == 0 {
+            d.add_row(&[b.auction.to_string(), b.price.to_string()]);
+        }
+    });
+    d
+}
+
+/// Sessions of each bidder's bids (a bid within 10 s of the session's last one joins it; the
+/// session ends 10 s after its last bid), emitted once the final watermark (the newest bid's
+/// time less 4 s) reaches their end: `available-now` stops there, as Spark does.
+fn reference_q11(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    const GAP_MS: u64 = 10_000;
+    let mut open: HashMap<usize, (u64, u64, u64)> = HashMap::new();
+    let mut closed: Vec<(usize, u64, u64, u64)> = Vec::new();
+    let mut newest = 0u64;
+    bids(events, |b| {
+        newest = newest.max(b.date_time);
+        match open.get_mut(&b.bidder) {
+            Some((_, end, count)) if b.date_time <= *end => {
+                *end = (*end).max(b.date_time + GAP_MS);
+                *count += 1;
+            }
+            Some(session) => {
+                closed.push((b.bidder, session.0, session.1, session.2));
+                *session = (b.date_time, b.date_time + GAP_MS, 1);
+            }
+            None => {
+                open.insert(b.bidder, (b.date_time, b.date_time + GAP_MS, 1));
+            }
+        }
+    });
+    closed.extend(open.into_iter().map(|(k, (s, e, c))| (k, s, e, c)));
+    let watermark = newest.saturating_sub(4_000);
+    let mut d = Digest::default();
+    for (bidder, start, end, count) in closed {
+        if end <= watermark {
+            d.add_row(&[
+                micros(start),
+                micros(end),
+                bidder.to_string(),
+                count.to_string(),
+            ]);
+        }
+    }
+    d
+}
+
+fn reference_q13(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        d.add_row(&[
+            b.auction.to_string(),
+            b.bidder.to_string(),
+            b.price.to_string(),
+            micros(b.date_time),
+            (b.auction % 10_000).to_string(),
+        ]);
+    });
+    d
+}
+
+fn reference_q14(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        let scaled = b.price as i128 * 908;
+        if scaled <= 1_000_000_000 || scaled >= 50_000_000_000 {
+            return;
+        }
+        let hour = b.date_time / 3_600_000 % 24;
+        let kind = if (8..=18).contains(&hour) {
+            "dayTime"
+        } else if hour <= 6 || hour >= 20 {
+            "nightTime"
+        } else {
+            "otherTime"
+        };
+        d.add_row(&[
+            b.auction.to_string(),
+            b.bidder.to_string(),
+            decimal(scaled, 3),
+            kind.to_owned(),
+            micros(b.date_time),
+            b.extra.clone(),
+            b.extra.matches('c').count().to_string(),
+        ]);
+    });
+    d
+}
+
+/// The value of `channel_id=` in `url` where it starts the url or follows a `&`.
+fn channel_id(url: &str) -> Option<&str> {
+    let mut from = 0;
+    while let Some(i) = url[from..].find("channel_id=") {
+        let at = from + i;
+        if at == 0 || url.as_bytes()[at - 1] == b'&' {
+            let rest = &url[at + "channel_id=".len()..];
+            return Some(rest.split('&').next().unwrap_or(""));
+        }
+        from = at + 1;
+    }
+    None
+}
+
+fn reference_q21(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        let id = match b.channel.to_lowercase().as_str() {
+            "apple" => Some("0"),
+            "google" => Some("1"),
+            "facebook" => Some("2"),
+            "baidu" => Some("3"),
+            _ => channel_id(&b.url),
+        };
+        if let Some(id) = id {
+            d.add_row(&[
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                b.price.to_string(),
+                b.channel.clone(),
+                id.to_owned(),
+            ]);
+        }
+    });
+    d
+}
+
+fn reference_q22(events: &mut dyn Iterator<Item = Event>) -> Digest {
+    let mut d = Digest::default();
+    bids(events, |b| {
+        let parts: Vec<&str> = b.url.split('/').collect();
+        let part = |i: usize| parts.get(i).copied().unwrap_or("").to_owned();
+        d.add_row(&[
+            b.auction.to_string(),
+            b.bidder.to_string(),
+            b.price.to_string(),
+            b.channel.clone(),
+            part(3),
+            part(4),
+            part(5),
+        ]);
+    });
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso(BASE_TIME_MS), "2023-01-01T00:00:00.000Z");
+        assert_eq!(iso(951_782_400_123), "2000-02-29T00:00:00.123Z");
+    }
+
+    #[test]
+    fn decimals_lose_trailing_zeros() {
+        assert_eq!(decimal(1_234_500, 3), "1234.5");
+        assert_eq!(decimal(2_000, 3), "2");
+        assert_eq!(decimal(-500, 3), "-0.5");
+    }
+
+    #[test]
+    fn channel_ids() {
+        assert_eq!(
+            channel_id("https://x/y?query=1&channel_id=12&z=1"),
+            Some("12")
+        );
+        assert_eq!(channel_id("channel_id=7"), Some("7"));
+        assert_eq!(channel_id("https://x/y?xchannel_id=12"), None);
+    }
+}
