@@ -88,23 +88,10 @@ pub fn kafka(args: &[String]) -> Result<()> {
     for f in &files {
         let text = std::fs::read_to_string(f)?;
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let mut record: BaseRecord<'_, (), str> = BaseRecord::to("orders")
+            let record: BaseRecord<'_, (), str> = BaseRecord::to("orders")
                 .partition((produced as i32) % partitions)
                 .payload(line);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, r)) => {
-                        if e.rdkafka_error_code()
-                            != Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                        {
-                            bail!("producing: {e}");
-                        }
-                        record = r;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            }
+            send(&producer, record)?;
             produced += 1;
         }
     }
@@ -312,5 +299,24 @@ impl Drop for Tansu {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sends `record`, waiting while the producer's queue is full.
+pub(crate) fn send(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    mut record: BaseRecord<'_, (), str>,
+) -> Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((e, r)) => {
+                if e.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::QueueFull) {
+                    bail!("producing to {}: {e}", r.topic);
+                }
+                record = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 }

@@ -592,23 +592,10 @@ impl Kafka {
         for p in &paths {
             let text = std::fs::read_to_string(p)?;
             for line in text.lines() {
-                let mut record: BaseRecord<'_, (), str> = BaseRecord::to("bid")
+                let record: BaseRecord<'_, (), str> = BaseRecord::to("bid")
                     .partition(i32::try_from(produced % u64::try_from(partitions)?)?)
                     .payload(line);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((e, r)) => {
-                            if e.rdkafka_error_code()
-                                != Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                            {
-                                bail!("producing: {e}");
-                            }
-                            record = r;
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                    }
-                }
+                super::kafka::send(&producer, record)?;
                 produced += 1;
             }
         }
