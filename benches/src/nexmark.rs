@@ -1,5 +1,6 @@
 //! `weir-bench nexmark --events N [--files F] [--queries q0,q1,...] [--runs R] [--work DIR]
-//! [--kafka]`: the Nexmark queries Weir can express, on the events of the Nexmark generator.
+//! [--kafka] [--plot FILE.svg]`: the Nexmark queries Weir can express, on the events of the
+//! Nexmark generator.
 //!
 //! The field compares stream processors on Nexmark, in events per core-second (the Nexmark
 //! README's `Events / (Cores × Time)`), so this is where Weir stands beside Flink's published
@@ -572,6 +573,7 @@ pub fn nexmark(args: &[String]) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut failures = Vec::new();
+    let mut plotted: Vec<(String, f64, f64)> = Vec::new();
     let mut kafka = None;
     let mut runs_of: Vec<(&NexmarkQuery, bool)> = queries.iter().map(|q| (*q, false)).collect();
     if args.iter().any(|a| a == "--kafka") {
@@ -628,6 +630,9 @@ pub fn nexmark(args: &[String]) -> Result<()> {
         }
         let cpu_s = median(cpu);
         let per_core = events as f64 / cpu_s;
+        if from_kafka.is_none() {
+            plotted.push((label.clone(), per_core, q.flink));
+        }
         let rss = if from_kafka.is_some() {
             "–".to_owned()
         } else {
@@ -646,6 +651,11 @@ pub fn nexmark(args: &[String]) -> Result<()> {
         );
     }
     println!();
+    if let Some(path) = flag(args, "--plot") {
+        std::fs::write(&path, plot(&plotted, events)).with_context(|| format!("writing {path}"))?;
+        println!("The plot: {path}");
+        println!();
+    }
     println!("Not run yet:");
     for (which, why) in NOT_YET {
         println!("- {which}: {why}");
@@ -661,6 +671,65 @@ pub fn nexmark(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// An SVG bar chart of events per core-second per query, Weir's bar above Flink 1.13's, on a
+/// logarithmic scale (the queries span two orders of magnitude).
+fn plot(rows: &[(String, f64, f64)], events: u64) -> String {
+    const LEFT: f64 = 130.0;
+    const WIDTH: f64 = 620.0;
+    const BAR: f64 = 11.0;
+    const ROW: f64 = 2.0 * BAR + 10.0;
+    const TOP: f64 = 50.0;
+    let (lo, hi) = (1e4_f64, 1e7_f64);
+    let x = |v: f64| LEFT + WIDTH * (v.clamp(lo, hi).log10() - lo.log10()) / (hi / lo).log10();
+    let height = TOP + ROW * rows.len() as f64 + 40.0;
+    let mut svg = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{LEFT}" y="18" font-size="14">Nexmark: events per core-second ({events} events; log scale)</text>
+<rect x="{LEFT}" y="28" width="12" height="10" fill="#d9480f"/><text x="{lx1}" y="37">Weir (weir-bench nexmark, this machine)</text>
+<rect x="{lx2}" y="28" width="12" height="10" fill="#868e96"/><text x="{lx3}" y="37">Flink 1.13 (Nexmark README, 3 × 8 cores)</text>
+"##,
+        w = LEFT + WIDTH + 90.0,
+        lx1 = LEFT + 16.0,
+        lx2 = LEFT + 290.0,
+        lx3 = LEFT + 306.0,
+    );
+    let mut tick = lo;
+    while tick <= hi {
+        let tx = x(tick);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{tx:.1}" y1="{TOP}" x2="{tx:.1}" y2="{y2:.1}" stroke="#dee2e6"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="middle">{label}</text>"##,
+            y2 = height - 35.0,
+            ty = height - 20.0,
+            label = thousands(tick),
+        );
+        tick *= 10.0;
+    }
+    for (i, (name, weir, flink)) in rows.iter().enumerate() {
+        let y = TOP + ROW * i as f64 + 4.0;
+        let _ = writeln!(
+            svg,
+            r##"<text x="{tx}" y="{ny:.1}" text-anchor="end">{name}</text>
+<rect x="{LEFT}" y="{y:.1}" width="{ww:.1}" height="{BAR}" fill="#d9480f"/><text x="{wx:.1}" y="{wy:.1}">{wv}</text>
+<rect x="{LEFT}" y="{fy:.1}" width="{fw:.1}" height="{BAR}" fill="#868e96"/><text x="{fx:.1}" y="{fty:.1}">{fv}</text>"##,
+            tx = LEFT - 8.0,
+            ny = y + BAR + 4.0,
+            ww = x(*weir) - LEFT,
+            wx = x(*weir) + 4.0,
+            wy = y + BAR - 1.0,
+            wv = thousands(*weir),
+            fy = y + BAR,
+            fw = x(*flink) - LEFT,
+            fx = x(*flink) + 4.0,
+            fty = y + 2.0 * BAR - 1.0,
+            fv = thousands(*flink),
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
 }
 
 fn thousands(v: f64) -> String {
@@ -1600,6 +1669,23 @@ fn reference_q22(events: &mut dyn Iterator<Item = Event>) -> Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_plot_has_a_pair_of_bars_per_query_on_a_log_scale() {
+        let svg = plot(
+            &[
+                ("q0".into(), 1_000_000.0, 155_020.0),
+                ("q5 (3 queries)".into(), 100_000.0, 22_140.0),
+            ],
+            1_000_000,
+        );
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains(">q0<") && svg.contains(">q5 (3 queries)<"));
+        assert!(svg.contains(">1,000,000<") && svg.contains(">22,140<"));
+        // 10^6 is two thirds of the way from 10^4 to 10^7: 620 × 2/3 wide.
+        assert!(svg.contains(r#"width="413.3" height="11""#), "{svg}");
+        assert_eq!(svg.matches("<rect x=\"130\" y=").count(), 4);
+    }
 
     #[test]
     fn iso_dates() {
