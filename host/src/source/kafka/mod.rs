@@ -4,7 +4,10 @@
 //! to `sources/<i>/0` when first resolved, so that a restart before the first batch does not
 //! move a `latest` start). The consumer reads a range by `assign()` at `start` and stops at
 //! `end`; consumer groups and committed offsets play no part, so a replayed batch reads
-//! exactly what it read before.
+//! exactly what it read before. The assignment is kept while each batch starts where the last
+//! one ended, every partition with its own queue read only up to its range's end, so what the
+//! consumer fetched ahead serves the next batch; a batch that starts elsewhere (a replay, a
+//! new partition) assigns afresh.
 //!
 //! The plan trusts the broker's high watermark (ListOffsets latest) as the log end. A broker
 //! that reports it too low (tansu 0.6.0 does, when several stored batches share a
@@ -24,13 +27,14 @@ pub mod offsets;
 pub mod rows;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -46,8 +50,8 @@ use self::rows::{JsonError, Record, Rows};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// A range that makes no progress for this long fails the batch (retryable).
 const STALL_TIMEOUT: Duration = Duration::from_secs(60);
-/// One poll of the consumer.
-const POLL: Duration = Duration::from_millis(50);
+/// How long a micro-batch read waits for fetches when no queue has a record.
+const IDLE: Duration = Duration::from_millis(1);
 
 /// `d` rounded up to whole milliseconds.
 fn ceil_ms(d: Duration) -> Duration {
@@ -189,14 +193,66 @@ pub struct KafkaSource {
     index: usize,
     spec: KafkaSourceSpec,
     pattern: Option<regex::Regex>,
-    consumer: BaseConsumer,
+    consumer: Arc<BaseConsumer>,
     decoder: Option<Decoder>,
     schema: SchemaRef,
+    /// Micro-batch mode: the assignment the last batch read its ranges by, kept for the next.
+    held: Option<Held>,
     /// Where the next batch starts: the end of the last planned batch, or the starting
     /// offsets once resolved; `None` before that.
     next_start: Option<PartitionOffsets>,
     /// Real-time mode: the partitions the consumer is assigned while a batch's parts are read.
     streaming: Option<Streaming>,
+}
+
+/// Micro-batch mode: the consumer's assignment, kept from one batch to the next. Each
+/// partition has its own queue, read only up to its range's end, so what the consumer fetched
+/// ahead stays queued for the next batch, which starts where this one ended. (Assigning afresh
+/// each batch threw it away: with 76 partitions and 121 records of each a batch, every record
+/// was fetched and parsed about 25 times.)
+struct Held {
+    parts: BTreeMap<TopicPartition, HeldPartition>,
+}
+
+struct HeldPartition {
+    queue: rdkafka::consumer::base_consumer::PartitionQueue<DefaultConsumerContext>,
+    /// The offset the next batch must start at for this queue to serve it.
+    next: i64,
+    /// Records taken from the consumer but not yet read, in offset order: one the queue gave
+    /// past the last range's end (that range ended in records a consumer never sees, such as a
+    /// transaction's markers), or those queued before the partition's queue was split off.
+    pending: std::collections::VecDeque<Carried>,
+}
+
+/// A record kept from one batch for the next.
+struct Carried {
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    timestamp: Option<(i64, i32)>,
+    /// A batch marker of Weir's Kafka sink: bookkeeping, not a row.
+    marker: bool,
+}
+
+impl Carried {
+    fn of<M: Message>(message: &M) -> Self {
+        Self {
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            timestamp: record_timestamp(message.timestamp()),
+            marker: crate::sink::kafka::is_marker(message),
+        }
+    }
+}
+
+/// A record's timestamp as the rows keep it: ms and Spark's timestamp type.
+fn record_timestamp(t: Timestamp) -> Option<(i64, i32)> {
+    match t {
+        Timestamp::NotAvailable => None,
+        Timestamp::CreateTime(ms) => Some((ms, 0)),
+        Timestamp::LogAppendTime(ms) => Some((ms, 1)),
+    }
 }
 
 /// The consumer's assignment in real-time mode: every partition, from the end of the last
@@ -263,7 +319,13 @@ impl KafkaSource {
             // Output of a transactional Kafka sink is read committed (and so are the
             // watermarks: the high watermark is then the last stable offset).
             .set("isolation.level", "read_committed")
+            // What the consumer fetches ahead of the reader, per partition in micro-batch mode
+            // (each has its own queue there) and in all in real-time mode: about what the Java
+            // consumer holds (one fetch, `max.partition.fetch.bytes`, of each partition), not
+            // librdkafka's 64 MB, which a topic of many partitions would multiply.
+            .set("queued.max.messages.kbytes", "1024")
             .create::<BaseConsumer>()
+            .map(Arc::new)
             .map_err(|error| KafkaSourceError::Client {
                 source_name: name.clone(),
                 bootstrap: spec.bootstrap_servers.clone(),
@@ -275,7 +337,7 @@ impl KafkaSource {
             KafkaTopics::Subscribe(_) => None,
         };
         let schema = match &decoder {
-            Some(d) => std::sync::Arc::clone(d.output_schema()),
+            Some(d) => Arc::clone(d.output_schema()),
             None => rows::raw_schema(),
         };
         let next_start = match last_end {
@@ -290,6 +352,7 @@ impl KafkaSource {
             consumer,
             decoder,
             schema,
+            held: None,
             next_start,
             streaming: None,
         })
@@ -319,10 +382,12 @@ impl KafkaSource {
 
     /// Assigns the consumer `partitions`, each to be read from its offset.
     fn assign<'a>(
-        &self,
+        &mut self,
         batch_id: u64,
         partitions: impl Iterator<Item = (&'a TopicPartition, i64)>,
     ) -> Result<(), KafkaSourceError> {
+        // An assignment ends the held one (its partition queues stop serving).
+        self.held = None;
         let mut assignment = TopicPartitionList::new();
         for (tp, at) in partitions {
             assignment
@@ -380,16 +445,14 @@ impl KafkaSource {
             let element = answered
                 .find_partition(&tp.topic, tp.partition)
                 .ok_or_else(|| {
-                    failed(KafkaError::OffsetFetch(
-                        rdkafka::error::RDKafkaErrorCode::UnknownPartition,
-                    ))
+                    failed(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition))
                 })?;
             element.error().map_err(failed)?;
             match element.offset() {
                 Offset::Offset(at) if at >= 0 => out.push(at),
                 _ => {
                     return Err(failed(KafkaError::OffsetFetch(
-                        rdkafka::error::RDKafkaErrorCode::OffsetNotAvailable,
+                        RDKafkaErrorCode::OffsetNotAvailable,
                     )));
                 }
             }
@@ -607,7 +670,14 @@ impl KafkaSource {
         if ranges.is_empty() {
             return Ok(out);
         }
-        self.assign(batch_id, ranges.iter().map(|(tp, start, _)| (tp, *start)))?;
+        let reusable = self.held.as_ref().is_some_and(|h| {
+            ranges
+                .iter()
+                .all(|(tp, start, _)| h.parts.get(tp).is_some_and(|p| p.next == *start))
+        });
+        if !reusable {
+            self.hold(batch_id, &ranges)?;
+        }
         let json = self.decoder.is_some();
         // One set of rows per partition, in partition order: a replay yields the same
         // batches whatever order the broker's fetch responses came in.
@@ -616,8 +686,10 @@ impl KafkaSource {
             .map(|_| if json { Rows::json() } else { Rows::raw() })
             .collect();
         let result = self.consume(batch_id, &ranges, &mut rows, &mut out.num_input_rows);
-        // Nothing stays assigned between batches: no fetch runs ahead of the plan.
-        let _ = self.consumer.unassign();
+        if result.is_err() {
+            // The queues stopped somewhere in their ranges: a retry assigns afresh.
+            self.release();
+        }
         result?;
         let partitions: Vec<&TopicPartition> = ranges.iter().map(|(tp, _, _)| tp).collect();
         self.finish_rows(batch_id, &partitions, rows, &mut out)?;
@@ -872,108 +944,232 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// Polls until every range is complete: its last offset delivered, or the consumer's
-    /// position past it (control records of transactions are never delivered).
+    /// Assigns the partitions of `ranges` at their starts, each with its own queue, and keeps
+    /// the assignment for the batches after.
+    fn hold(
+        &mut self,
+        batch_id: u64,
+        ranges: &[(TopicPartition, i64, i64)],
+    ) -> Result<(), KafkaSourceError> {
+        self.assign(batch_id, ranges.iter().map(|(tp, start, _)| (tp, *start)))?;
+        let mut parts = BTreeMap::new();
+        for (tp, start, end) in ranges {
+            let queue = self
+                .consumer
+                .split_partition_queue(&tp.topic, tp.partition)
+                .ok_or_else(|| {
+                    self.consume_error(
+                        batch_id,
+                        tp,
+                        *start,
+                        *end,
+                        KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition),
+                    )
+                })?;
+            parts.insert(
+                tp.clone(),
+                HeldPartition {
+                    queue,
+                    next: *start,
+                    pending: std::collections::VecDeque::new(),
+                },
+            );
+        }
+        // What the consumer queued before the queues were split off stays in its own queue:
+        // taken now, it is read first, in order.
+        while let Some(polled) = self.consumer.poll(Duration::ZERO) {
+            match polled {
+                Ok(message) => {
+                    let tp = TopicPartition::new(message.topic(), message.partition());
+                    if let Some(part) = parts.get_mut(&tp) {
+                        part.pending.push_back(Carried::of(&message));
+                    }
+                }
+                Err(KafkaError::PartitionEOF(_)) => {}
+                Err(error) => {
+                    let _ = self.consumer.unassign();
+                    return Err(KafkaSourceError::Poll {
+                        source_name: self.name.clone(),
+                        batch_id,
+                        error: Box::new(error),
+                    });
+                }
+            }
+        }
+        self.held = Some(Held { parts });
+        Ok(())
+    }
+
+    /// Micro-batch mode is over (or a read failed): nothing stays assigned.
+    fn release(&mut self) {
+        if self.held.take().is_some() {
+            let _ = self.consumer.unassign();
+        }
+    }
+
+    /// Reads every range from the held queues until it is complete: its last offset
+    /// delivered, or the consumer's position past it (control records of transactions are
+    /// never delivered). Each queue is read only up to its range's end.
     fn consume(
-        &self,
+        &mut self,
         batch_id: u64,
         ranges: &[(TopicPartition, i64, i64)],
         rows: &mut [Rows],
         count: &mut u64,
     ) -> Result<(), KafkaSourceError> {
+        let name = self.name.clone();
+        let consumer = Arc::clone(&self.consumer);
+        let Some(held) = self.held.as_mut() else {
+            return Ok(());
+        };
         let mut open = ranges.len();
-        let mut last_progress = Instant::now();
-        let by_topic: BTreeMap<(&str, i32), usize> = ranges
-            .iter()
-            .enumerate()
-            .map(|(i, (tp, _, _))| ((tp.topic.as_str(), tp.partition), i))
-            .collect();
         let mut done = vec![false; ranges.len()];
         let mut nexts: Vec<i64> = ranges.iter().map(|(_, start, _)| *start).collect();
+        let mut last_progress = Instant::now();
+        let consume_error =
+            |tp: &TopicPartition, at: i64, end: i64, error: KafkaError| KafkaSourceError::Consume {
+                source_name: name.clone(),
+                batch_id,
+                tp: tp.clone(),
+                start: at,
+                end,
+                error: Box::new(error),
+            };
         while open > 0 {
-            match self.consumer.poll(POLL) {
-                Some(Ok(message)) => {
-                    let Some(&i) = by_topic.get(&(message.topic(), message.partition())) else {
+            let mut progressed = false;
+            for (i, (tp, _, end)) in ranges.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                let Some(part) = held.parts.get_mut(tp) else {
+                    return Err(consume_error(
+                        tp,
+                        nexts[i],
+                        *end,
+                        KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition),
+                    ));
+                };
+                while !done[i] {
+                    if let Some(record) = part.pending.pop_front() {
+                        if record.offset < nexts[i] {
+                            continue;
+                        }
+                        if record.offset >= *end {
+                            part.pending.push_front(record);
+                            done[i] = true;
+                            break;
+                        }
+                        if !record.marker {
+                            rows[i].push(
+                                tp,
+                                &Record {
+                                    key: record.key.as_deref(),
+                                    value: record.value.as_deref(),
+                                    offset: record.offset,
+                                    timestamp: record.timestamp,
+                                },
+                            );
+                            *count += 1;
+                        }
+                        nexts[i] = record.offset + 1;
+                        done[i] = nexts[i] >= *end;
+                        progressed = true;
                         continue;
+                    }
+                    let message = match part.queue.poll(Duration::ZERO) {
+                        None => break,
+                        Some(Ok(message)) => message,
+                        Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                        Some(Err(error)) => return Err(consume_error(tp, nexts[i], *end, error)),
                     };
-                    let (tp, _, end) = &ranges[i];
-                    let next = &mut nexts[i];
+                    progressed = true;
                     let offset = message.offset();
-                    if done[i] || offset < *next || offset >= *end {
+                    if offset < nexts[i] {
                         continue;
+                    }
+                    if offset >= *end {
+                        part.pending.push_back(Carried::of(&message));
+                        done[i] = true;
+                        break;
                     }
                     // Batch markers of Weir's Kafka sink are bookkeeping, not rows.
-                    let marker = crate::sink::kafka::is_marker(&message);
-                    let record = Record {
-                        key: message.key(),
-                        value: message.payload(),
-                        offset,
-                        timestamp: match message.timestamp() {
-                            Timestamp::NotAvailable => None,
-                            Timestamp::CreateTime(ms) => Some((ms, 0)),
-                            Timestamp::LogAppendTime(ms) => Some((ms, 1)),
-                        },
-                    };
-                    if !marker {
-                        rows[i].push(tp, &record);
+                    if !crate::sink::kafka::is_marker(&message) {
+                        rows[i].push(
+                            tp,
+                            &Record {
+                                key: message.key(),
+                                value: message.payload(),
+                                offset,
+                                timestamp: record_timestamp(message.timestamp()),
+                            },
+                        );
                         *count += 1;
                     }
-                    *next = offset + 1;
-                    last_progress = Instant::now();
-                    if *next >= *end {
-                        done[i] = true;
-                        open -= 1;
-                    }
+                    nexts[i] = offset + 1;
+                    done[i] = nexts[i] >= *end;
                 }
+                if done[i] {
+                    open -= 1;
+                }
+            }
+            if open == 0 {
+                break;
+            }
+            if progressed {
+                last_progress = Instant::now();
+                continue;
+            }
+            // Nothing queued: serve the consumer's callbacks, waiting a little for fetches.
+            match consumer.poll(IDLE) {
+                None | Some(Ok(_)) | Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(error)) => {
-                    let (tp, _, end) = &ranges[0];
-                    let next = &nexts[0];
-                    return Err(match error {
-                        KafkaError::PartitionEOF(_) => continue,
-                        error if ranges.len() == 1 => {
-                            self.consume_error(batch_id, tp, *next, *end, error)
-                        }
-                        error => KafkaSourceError::Poll {
-                            source_name: self.name.clone(),
-                            batch_id,
-                            error: Box::new(error),
-                        },
+                    return Err(KafkaSourceError::Poll {
+                        source_name: name.clone(),
+                        batch_id,
+                        error: Box::new(error),
                     });
                 }
-                None => {
-                    let position =
-                        self.consumer
-                            .position()
-                            .map_err(|error| KafkaSourceError::Poll {
-                                source_name: self.name.clone(),
-                                batch_id,
-                                error: Box::new(error),
-                            })?;
-                    for element in position.elements() {
-                        let Some(&i) = by_topic.get(&(element.topic(), element.partition())) else {
-                            continue;
-                        };
-                        if let Offset::Offset(p) = element.offset()
-                            && !done[i]
-                            && p >= ranges[i].2
-                        {
-                            done[i] = true;
-                            open -= 1;
-                        }
-                    }
-                    if open > 0 && last_progress.elapsed() > STALL_TIMEOUT {
-                        let i = done.iter().position(|d| !d).unwrap_or(0);
-                        let (tp, _, end) = &ranges[i];
-                        let next = &nexts[i];
-                        return Err(KafkaSourceError::Stalled {
-                            source_name: self.name.clone(),
-                            batch_id,
-                            tp: tp.clone(),
-                            position: *next,
-                            end: *end,
-                        });
-                    }
+            }
+            let position = consumer
+                .position()
+                .map_err(|error| KafkaSourceError::Poll {
+                    source_name: name.clone(),
+                    batch_id,
+                    error: Box::new(error),
+                })?;
+            for element in position.elements() {
+                let Some(i) = ranges.iter().position(|(tp, _, _)| {
+                    tp.partition == element.partition() && tp.topic == element.topic()
+                }) else {
+                    continue;
+                };
+                if let Offset::Offset(p) = element.offset()
+                    && !done[i]
+                    && p >= ranges[i].2
+                    && held
+                        .parts
+                        .get(&ranges[i].0)
+                        .is_some_and(|h| h.pending.is_empty())
+                {
+                    done[i] = true;
+                    open -= 1;
                 }
+            }
+            if open > 0 && last_progress.elapsed() > STALL_TIMEOUT {
+                let i = done.iter().position(|d| !d).unwrap_or(0);
+                let (tp, _, end) = &ranges[i];
+                return Err(KafkaSourceError::Stalled {
+                    source_name: name,
+                    batch_id,
+                    tp: tp.clone(),
+                    position: nexts[i],
+                    end: *end,
+                });
+            }
+        }
+        for (tp, _, end) in ranges {
+            if let Some(part) = held.parts.get_mut(tp) {
+                part.next = *end;
             }
         }
         Ok(())
