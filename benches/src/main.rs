@@ -78,6 +78,7 @@ fn main() -> ExitCode {
         Some("latency") => latency::latency(&args[2..]),
         Some("nexmark") => nexmark::nexmark(&args[2..]),
         Some("nexmark-run") => nexmark::run(&args[2..]),
+        Some("nexmark-reference") => nexmark::reference(&args[2..]),
         Some("delta") => delta::delta(&args[2..]),
         Some("serve") => serve::serve(&args[2..]),
         Some("threads") => threads::threads(&args[2..]),

@@ -324,6 +324,10 @@ impl KafkaSource {
             // consumer holds (one fetch, `max.partition.fetch.bytes`, of each partition), not
             // librdkafka's 64 MB, which a topic of many partitions would multiply.
             .set("queued.max.messages.kbytes", "1024")
+            // … and the fetcher tries again this soon once the reader has taken from a full
+            // queue (librdkafka waits a whole second by default: with 1 MB queues, most of a
+            // batch's wall time).
+            .set("fetch.queue.backoff.ms", "5")
             .create::<BaseConsumer>()
             .map(Arc::new)
             .map_err(|error| KafkaSourceError::Client {
