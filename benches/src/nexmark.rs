@@ -86,7 +86,9 @@ struct NexmarkQuery {
     /// all of them run and measured.
     before: &'static [&'static str],
     /// The `[[source]]` tables of the query's own pipeline: `None` for the Bid events alone.
-    /// `@source KIND` (and `@source KIND watermark`) stands for the files of that event type.
+    /// `@source KIND` (and `@source KIND watermark`) stands for the files of that event type,
+    /// `@stage NAME PATH [COLUMN]` for the Parquet files an earlier query of the chain wrote to
+    /// `stages/PATH` (with a watermark on COLUMN, without delay: they arrive in order).
     sources: Option<&'static str>,
     /// The pipeline file's stages after the sources.
     body: &'static str,
@@ -187,12 +189,7 @@ kind = "files"
 path = "stages/q5/counts"
 format = "parquet"
 "#,
-            r#"[[source]]
-name = "counts"
-kind = "files"
-path = "stages/q5/counts"
-format = "parquet"
-max_files_per_trigger = 1
+            r#"@stage counts q5/counts
 
 [watermark]
 column = "window_start"
@@ -209,21 +206,8 @@ format = "parquet"
 "#,
         ],
         sources: Some(
-            r#"[[source]]
-name = "counts"
-kind = "files"
-path = "stages/q5/counts"
-format = "parquet"
-max_files_per_trigger = 1
-watermark = { column = "window_start", delay = "0 seconds" }
-
-[[source]]
-name = "maxes"
-kind = "files"
-path = "stages/q5/maxes"
-format = "parquet"
-max_files_per_trigger = 1
-watermark = { column = "window_start", delay = "0 seconds" }
+            r#"@stage counts q5/counts window_start
+@stage maxes q5/maxes window_start
 "#,
         ),
         body: r#"[[transform]]
@@ -268,13 +252,7 @@ format = "parquet"
         sources: Some(
             r#"@source bid watermark
 
-[[source]]
-name = "maxes"
-kind = "files"
-path = "stages/q7/maxes"
-format = "parquet"
-max_files_per_trigger = 1
-watermark = { column = "window_end", delay = "0 seconds" }
+@stage maxes q7/maxes window_end
 "#,
         ),
         body: r#"[[transform]]
@@ -340,21 +318,8 @@ format = "parquet"
 "#,
         ],
         sources: Some(
-            r#"[[source]]
-name = "p"
-kind = "files"
-path = "stages/q8/person"
-format = "parquet"
-max_files_per_trigger = 1
-watermark = { column = "window_start", delay = "0 seconds" }
-
-[[source]]
-name = "a"
-kind = "files"
-path = "stages/q8/auction"
-format = "parquet"
-max_files_per_trigger = 1
-watermark = { column = "window_start", delay = "0 seconds" }
+            r#"@stage p q8/person window_start
+@stage a q8/auction window_start
 "#,
         ),
         body: r#"[[transform]]
@@ -1096,20 +1061,44 @@ on_malformed = "fail"
     Ok(text)
 }
 
-/// `text` with each `@source KIND [watermark]` line replaced by that source.
+/// The `[[source]]` of the Parquet files an earlier query of a chain wrote to `stages/PATH`.
+fn stage_source(name: &str, path: &str, watermark: Option<&str>) -> String {
+    let mut text = format!(
+        r#"[[source]]
+name = "{name}"
+kind = "files"
+path = "stages/{path}"
+format = "parquet"
+max_files_per_trigger = 1
+"#
+    );
+    if let Some(column) = watermark {
+        let _ = writeln!(
+            text,
+            "watermark = {{ column = \"{column}\", delay = \"0 seconds\" }}"
+        );
+    }
+    text
+}
+
+/// `text` with each `@source KIND [watermark]` and `@stage NAME PATH [COLUMN]` line replaced
+/// by that source.
 fn expand_sources(text: &str) -> Result<String> {
     let mut out = String::new();
     for line in text.lines() {
-        match line.strip_prefix("@source ") {
-            Some(rest) => {
-                let mut words = rest.split_whitespace();
-                let kind = words.next().unwrap_or("");
-                out.push_str(&event_source(kind, words.next() == Some("watermark"))?);
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
+        if let Some(rest) = line.strip_prefix("@source ") {
+            let mut words = rest.split_whitespace();
+            let kind = words.next().unwrap_or("");
+            out.push_str(&event_source(kind, words.next() == Some("watermark"))?);
+        } else if let Some(rest) = line.strip_prefix("@stage ") {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let [name, path, watermark @ ..] = words.as_slice() else {
+                bail!("{line:?}: @stage NAME PATH [COLUMN]");
+            };
+            out.push_str(&stage_source(name, path, watermark.first().copied()));
+        } else {
+            out.push_str(line);
+            out.push('\n');
         }
     }
     Ok(out)
@@ -1968,6 +1957,34 @@ mod tests {
         assert!(svg.contains(r#"width="413.3" height="11""#), "{svg}");
         // Two bars a query; the legend's boxes are 10 high.
         assert_eq!(svg.matches(r#"height="11""#).count(), 4);
+    }
+
+    #[test]
+    fn markers_expand_to_sources() {
+        let text =
+            expand_sources("@source bid watermark\n@stage maxes q7/maxes window_end\n[sink]")
+                .unwrap();
+        assert!(text.contains("path = \"events/bid\""), "{text}");
+        assert!(
+            text.contains("column = \"date_time\", delay = \"4 seconds\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("path = \"stages/q7/maxes\"\nformat = \"parquet\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("column = \"window_end\", delay = \"0 seconds\""),
+            "{text}"
+        );
+        assert!(text.ends_with("[sink]\n"));
+        assert!(
+            !expand_sources("@stage maxes q7/maxes")
+                .unwrap()
+                .contains("watermark")
+        );
+        assert!(expand_sources("@stage maxes").is_err());
+        assert!(expand_sources("@source bids").is_err());
     }
 
     #[test]
