@@ -1470,17 +1470,20 @@ fn bids(events: &mut dyn Iterator<Item = Event>, mut f: impl FnMut(&::nexmark::e
     }
 }
 
+/// A bid as q0 (and q7) gives it: auction, bidder, price, date_time, extra.
+fn q0_row(b: &::nexmark::event::Bid) -> [String; 5] {
+    [
+        b.auction.to_string(),
+        b.bidder.to_string(),
+        b.price.to_string(),
+        micros(b.date_time),
+        b.extra.clone(),
+    ]
+}
+
 fn reference_q0(events: &mut dyn Iterator<Item = Event>) -> Digest {
     let mut d = Digest::default();
-    bids(events, |b| {
-        d.add_row(&[
-            b.auction.to_string(),
-            b.bidder.to_string(),
-            b.price.to_string(),
-            micros(b.date_time),
-            b.extra.clone(),
-        ]);
-    });
+    bids(events, |b| d.add_row(&q0_row(b)));
     d
 }
 
@@ -1640,13 +1643,7 @@ fn reference_q7(events: &mut dyn Iterator<Item = Event>) -> Digest {
         }
         for w in windows {
             if closed(w) == Some(b.price) {
-                d.add_row(&[
-                    b.auction.to_string(),
-                    b.bidder.to_string(),
-                    b.price.to_string(),
-                    micros(b.date_time),
-                    b.extra.clone(),
-                ]);
+                d.add_row(&q0_row(&b));
             }
         }
     }
