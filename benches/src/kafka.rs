@@ -211,19 +211,25 @@ impl Broker {
 
     /// The sum of the high watermarks of `orders`.
     fn high_watermarks(&self, partitions: i32) -> Result<i64> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()?;
-        let mut sum = 0;
-        for p in 0..partitions {
-            let (low, high) = consumer.fetch_watermarks("orders", p, Duration::from_secs(10))?;
-            if low != 0 {
-                bail!("orders-{p} starts at {low}: the broker dropped records");
-            }
-            sum += high;
-        }
-        Ok(sum)
+        high_watermark_sum(&self.bootstrap(), "orders", partitions)
     }
+}
+
+/// The sum of the high watermarks of partitions `0..partitions` of `topic`, each of which
+/// must still start at offset 0 (the broker dropped nothing).
+pub(crate) fn high_watermark_sum(bootstrap: &str, topic: &str, partitions: i32) -> Result<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let mut sum = 0;
+    for p in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        if low != 0 {
+            bail!("{topic}-{p} starts at {low}: the broker dropped records");
+        }
+        sum += high;
+    }
+    Ok(sum)
 }
 
 /// A tansu broker on a free port of 127.0.0.1, in-memory storage; killed when dropped.

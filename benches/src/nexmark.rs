@@ -52,7 +52,6 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, TimeUnit};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use weir_host::query::{Query, QueryOptions};
@@ -1011,17 +1010,8 @@ impl Kafka {
             }
         }
         producer.flush(Duration::from_secs(120))?;
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .create()?;
-        let mut high_sum = 0;
-        for p in 0..partitions {
-            let (low, high) = consumer.fetch_watermarks("bid", p, Duration::from_secs(10))?;
-            if low != 0 {
-                bail!("bid-{p} starts at {low}: the mock dropped records");
-            }
-            high_sum += high;
-        }
+        let high_sum =
+            super::kafka::high_watermark_sum(&cluster.bootstrap_servers(), "bid", partitions)?;
         if u64::try_from(high_sum)? != produced {
             bail!("{produced} bids produced, the topic holds {high_sum}");
         }

@@ -235,6 +235,15 @@ struct Carried {
 }
 
 impl Carried {
+    fn as_record(&self) -> Record<'_> {
+        Record {
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            offset: self.offset,
+            timestamp: self.timestamp,
+        }
+    }
+
     fn of<M: Message>(message: &M) -> Self {
         Self {
             offset: message.offset(),
@@ -244,6 +253,25 @@ impl Carried {
             marker: crate::sink::kafka::is_marker(message),
         }
     }
+}
+
+/// Record `record` of a range ending at `end` (a row unless it is a batch marker of Weir's Kafka
+/// sink, which is bookkeeping); whether the range is complete.
+fn take(
+    rows: &mut Rows,
+    tp: &TopicPartition,
+    record: &Record<'_>,
+    marker: bool,
+    count: &mut u64,
+    next: &mut i64,
+    end: i64,
+) -> bool {
+    if !marker {
+        rows.push(tp, record);
+        *count += 1;
+    }
+    *next = record.offset + 1;
+    *next >= end
 }
 
 /// A record's timestamp as the rows keep it: ms and Spark's timestamp type.
@@ -797,11 +825,7 @@ impl KafkaSource {
             if crate::sink::kafka::is_marker(&message) {
                 continue;
             }
-            let timestamp = match message.timestamp() {
-                Timestamp::NotAvailable => None,
-                Timestamp::CreateTime(ms) => Some((ms, 0)),
-                Timestamp::LogAppendTime(ms) => Some((ms, 1)),
-            };
+            let timestamp = record_timestamp(message.timestamp());
             if let Some((ms, _)) = timestamp {
                 event_ms.push(ms);
             }
@@ -1030,6 +1054,11 @@ impl KafkaSource {
         let mut done = vec![false; ranges.len()];
         let mut nexts: Vec<i64> = ranges.iter().map(|(_, start, _)| *start).collect();
         let mut last_progress = Instant::now();
+        let by_topic: BTreeMap<(&str, i32), usize> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, (tp, _, _))| ((tp.topic.as_str(), tp.partition), i))
+            .collect();
         let consume_error =
             |tp: &TopicPartition, at: i64, end: i64, error: KafkaError| KafkaSourceError::Consume {
                 source_name: name.clone(),
@@ -1055,6 +1084,7 @@ impl KafkaSource {
                 };
                 while !done[i] {
                     if let Some(record) = part.pending.pop_front() {
+                        progressed = true;
                         if record.offset < nexts[i] {
                             continue;
                         }
@@ -1063,21 +1093,15 @@ impl KafkaSource {
                             done[i] = true;
                             break;
                         }
-                        if !record.marker {
-                            rows[i].push(
-                                tp,
-                                &Record {
-                                    key: record.key.as_deref(),
-                                    value: record.value.as_deref(),
-                                    offset: record.offset,
-                                    timestamp: record.timestamp,
-                                },
-                            );
-                            *count += 1;
-                        }
-                        nexts[i] = record.offset + 1;
-                        done[i] = nexts[i] >= *end;
-                        progressed = true;
+                        done[i] = take(
+                            &mut rows[i],
+                            tp,
+                            &record.as_record(),
+                            record.marker,
+                            count,
+                            &mut nexts[i],
+                            *end,
+                        );
                         continue;
                     }
                     let message = match part.queue.poll(Duration::ZERO) {
@@ -1087,30 +1111,30 @@ impl KafkaSource {
                         Some(Err(error)) => return Err(consume_error(tp, nexts[i], *end, error)),
                     };
                     progressed = true;
-                    let offset = message.offset();
-                    if offset < nexts[i] {
+                    if message.offset() < nexts[i] {
                         continue;
                     }
-                    if offset >= *end {
+                    if message.offset() >= *end {
                         part.pending.push_back(Carried::of(&message));
                         done[i] = true;
                         break;
                     }
-                    // Batch markers of Weir's Kafka sink are bookkeeping, not rows.
-                    if !crate::sink::kafka::is_marker(&message) {
-                        rows[i].push(
-                            tp,
-                            &Record {
-                                key: message.key(),
-                                value: message.payload(),
-                                offset,
-                                timestamp: record_timestamp(message.timestamp()),
-                            },
-                        );
-                        *count += 1;
-                    }
-                    nexts[i] = offset + 1;
-                    done[i] = nexts[i] >= *end;
+                    let record = Record {
+                        key: message.key(),
+                        value: message.payload(),
+                        offset: message.offset(),
+                        timestamp: record_timestamp(message.timestamp()),
+                    };
+                    let marker = crate::sink::kafka::is_marker(&message);
+                    done[i] = take(
+                        &mut rows[i],
+                        tp,
+                        &record,
+                        marker,
+                        count,
+                        &mut nexts[i],
+                        *end,
+                    );
                 }
                 if done[i] {
                     open -= 1;
@@ -1142,9 +1166,7 @@ impl KafkaSource {
                     error: Box::new(error),
                 })?;
             for element in position.elements() {
-                let Some(i) = ranges.iter().position(|(tp, _, _)| {
-                    tp.partition == element.partition() && tp.topic == element.topic()
-                }) else {
+                let Some(&i) = by_topic.get(&(element.topic(), element.partition())) else {
                     continue;
                 };
                 if let Offset::Offset(p) = element.offset()
