@@ -10,28 +10,35 @@
 //! nulls when they are evicted, in the batch Spark emits them. Rows at or below the previous
 //! batch's watermark are dropped as late and counted.
 //!
-//! Why two copies of the buffer: the state store (RocksDB or memory, versioned by batch id,
-//! partitioned by the join key, one changelog per batch) is what survives a crash; the rows it
-//! holds are also kept in memory as Arrow batches with a hash index by key, so a probe costs a
-//! hash lookup and the joined rows are gathered column by column (`interleave`), never decoded
-//! from the store per batch. The memory copy is rebuilt from the store only when the query
-//! restarts or a batch is run again.
+//! Why the rows live in the state store only: a buffer holds every row of the last hour or so of
+//! event time, far more than memory should (a second copy in memory made the attribution join's
+//! resident set 2.6 times its state on disk, BENCHMARKS.md §8). The store (RocksDB or memory,
+//! versioned by batch id, partitioned by the join key's hash, one changelog per batch) is both
+//! what survives a crash and what a probe reads. Memory keeps an index of about 33 bytes a row:
+//! a 16-byte slot (sequence number, partition, flags, the low half of the key's hash, the next
+//! row of its chain), a hash-table bucket per key, and the row's event time in the run the
+//! eviction walks. The rows a probe finds are read back in one batched lookup per partition and
+//! decoded column by column (`arrow-row`); two keys whose hashes share the low half share a
+//! chain, so the pairs are checked on the keys themselves once their rows are read.
 //!
-//! A state entry per buffered row: key `[side][join key, arrow-row encoded][sequence number]`,
-//! value the row (arrow-row encoded); a row that found a match (what an outer join and a left
-//! semi join need to know) has a marker entry beside it.
+//! A state entry per buffered row: key `[4 + side][sequence number]` (big-endian, so a batch's
+//! rows are appended in key order), value the row (arrow-row encoded); a row that found a match
+//! (what an outer join and a left semi join need to know) has a marker entry `[6 + side][sequence
+//! number]`. A restart decodes the rows to index them again. A checkpoint written with the
+//! earlier layout (`[side][join key][seq]`, markers `[2 + side][join key][seq]`) is rewritten to
+//! this one when it is loaded.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{TimestampMicrosecondType, UInt32Type};
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow_row::{RowConverter, Rows, SortField};
+use arrow_row::{RowConverter, SortField};
 use arrow_schema::{ArrowError, DataType, Field, SchemaRef, TimeUnit};
 
 use super::{JoinError, key_nulls, output_schema};
+use crate::fnv;
 use crate::operator::partitioned::{KeyCount, PartitionedConfig, PartitionedState};
 use crate::operator::stateful::{OperatorMetrics, StateSchema, StatefulContext};
 use crate::spec::{JoinSpec, JoinType};
@@ -43,8 +50,17 @@ pub const OPERATOR: &str = "symmetricHashJoin";
 
 const LEFT: usize = 0;
 const RIGHT: usize = 1;
-/// The first byte of a matched marker's key: the side's byte plus this.
-const MATCHED: u8 = 2;
+/// The first byte of a buffered row's key: this plus the side.
+const ROW: u8 = 4;
+/// The first byte of a matched marker's key: this plus the side.
+const MARK: u8 = 6;
+/// The first byte of a matched marker's key in the earlier layout, plus the side (a row's was
+/// the side alone).
+const LEGACY_MARK: u8 = 2;
+/// The end of a chain.
+const NONE: u32 = u32::MAX;
+/// Rows decoded at a time when the buffer is rebuilt from the store.
+const REBUILD_CHUNK: usize = 8192;
 
 /// What the query knows about one input of the join.
 #[derive(Debug, Clone)]
@@ -115,18 +131,56 @@ pub fn evictions(
     Ok(out)
 }
 
-/// One buffered row: where its values are, and what the store knows it by.
-#[derive(Debug)]
+/// One buffered row in 16 bytes: its sequence number, partition and flags in one word, the
+/// low half of its key hash, and the next row of its chain.
+#[derive(Debug, Clone, Copy)]
 struct Slot {
-    chunk: u32,
-    row: u32,
-    seq: u64,
-    key: Arc<[u8]>,
-    matched: bool,
-    live: bool,
+    word: u64,
+    hash: u32,
+    /// The next (older) row with the same hash, or [`NONE`].
+    next: u32,
 }
 
-/// One input's buffer in memory.
+const SEQ_BITS: u32 = 48;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Partitions fit in 10 bits (`state_partitions` is at most 1,024).
+const PARTITION_MASK: u64 = (1 << 10) - 1;
+const MATCHED_BIT: u64 = 1 << 62;
+const LIVE_BIT: u64 = 1 << 63;
+
+impl Slot {
+    fn seq(&self) -> u64 {
+        self.word & SEQ_MASK
+    }
+    fn partition(&self) -> usize {
+        ((self.word >> SEQ_BITS) & PARTITION_MASK) as usize
+    }
+    fn matched(&self) -> bool {
+        self.word & MATCHED_BIT != 0
+    }
+    fn live(&self) -> bool {
+        self.word & LIVE_BIT != 0
+    }
+    fn set_matched(&mut self) {
+        self.word |= MATCHED_BIT;
+    }
+}
+
+/// The index's hash of a key hash: spread into the high bits hashbrown reads.
+fn spread(hash: u32) -> u64 {
+    u64::from(hash).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The event times of the rows one batch buffered, in ascending order, consumed from the front
+/// as the watermark passes them.
+#[derive(Debug, Default)]
+struct Run {
+    times: Vec<i64>,
+    ids: Vec<u32>,
+    at: usize,
+}
+
+/// One input's buffer: the index of the rows the store holds for it.
 #[derive(Debug)]
 struct Side {
     name: String,
@@ -144,104 +198,59 @@ struct Side {
     /// Columns a null in which means the row can match nothing (the condition's comparisons):
     /// such rows are dropped before the join unless the side is preserved, as Spark does.
     null_rejecting: Vec<usize>,
-    chunks: Vec<Option<RecordBatch>>,
-    chunk_live: Vec<u32>,
-    /// The slots of each chunk, by row (a compacted chunk's rows are moved to a new one).
-    chunk_slots: Vec<Vec<u32>>,
-    /// The chunk the last compaction made: the next one takes its rows along, so that rows
-    /// that stay for long end up in one chunk, not one per compaction.
-    residue: Option<usize>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    index: HashMap<Arc<[u8]>, Vec<u32>, foldhash::fast::RandomState>,
-    by_time: BTreeMap<i64, Vec<u32>>,
+    /// The newest row of each key hash's chain (the hash is the slot's).
+    index: hashbrown::HashTable<u32>,
+    /// What the eviction walks: rows without an event time are in none.
+    runs: Vec<Run>,
     next_seq: u64,
     live: u64,
 }
 
 impl Side {
     fn clear(&mut self) {
-        self.chunks.clear();
-        self.chunk_live.clear();
-        self.chunk_slots.clear();
-        self.residue = None;
-        self.slots.clear();
-        self.free.clear();
-        self.index.clear();
-        self.by_time.clear();
+        self.slots = Vec::new();
+        self.free = Vec::new();
+        self.index = hashbrown::HashTable::new();
+        self.runs = Vec::new();
         self.next_seq = 0;
         self.live = 0;
     }
 
     fn memory_bytes(&self) -> u64 {
-        let chunks: usize = self
-            .chunks
+        let slots = self.slots.capacity() * size_of::<Slot>() + self.free.capacity() * 4;
+        // A hashbrown bucket: the slot number and one control byte.
+        let index = self.index.capacity() * 5;
+        let runs: usize = self
+            .runs
             .iter()
-            .flatten()
-            .map(RecordBatch::get_array_memory_size)
+            .map(|r| r.times.capacity() * 8 + r.ids.capacity() * 4)
             .sum();
-        let slots = self.slots.capacity() * size_of::<Slot>();
-        let index = self.index.capacity() * (size_of::<Arc<[u8]>>() + 32);
-        (chunks + slots + index) as u64
+        (slots + index + runs) as u64
     }
 
-    /// Buffers rows `rows` of `batch` (keys `keys`), each with its matched flag.
-    fn add(
-        &mut self,
-        batch: &RecordBatch,
-        rows: &[u32],
-        keys: &Rows,
-        matched: &[bool],
-        times: Option<&[Option<i64>]>,
-    ) -> Result<Vec<u32>, ArrowError> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let idx = UInt32Array::from(rows.to_vec());
-        let chunk = arrow_select::take::take_record_batch(batch, &idx)?;
-        let chunk_id = self.chunks.len() as u32;
-        self.chunks.push(Some(chunk));
-        self.chunk_live.push(rows.len() as u32);
-        self.chunk_slots.push(Vec::with_capacity(rows.len()));
-        let mut ids = Vec::with_capacity(rows.len());
-        for (i, &row) in rows.iter().enumerate() {
-            let key = keys.row(row as usize);
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let time = times.and_then(|t| t[row as usize]);
-            let id = self.insert(
-                chunk_id,
-                i as u32,
-                seq,
-                key.as_ref(),
-                time,
-                matched[row as usize],
-            );
-            ids.push(id);
-        }
-        Ok(ids)
+    /// The newest row of `hash`'s chain.
+    fn head(&self, hash: u32) -> u32 {
+        let slots = &self.slots;
+        self.index
+            .find(spread(hash), |&id| slots[id as usize].hash == hash)
+            .copied()
+            .unwrap_or(NONE)
     }
 
-    fn insert(
-        &mut self,
-        chunk: u32,
-        row: u32,
-        seq: u64,
-        key: &[u8],
-        time: Option<i64>,
-        matched: bool,
-    ) -> u32 {
-        let key: Arc<[u8]> = match self.index.get_key_value(key) {
-            Some((k, _)) => Arc::clone(k),
-            None => Arc::from(key),
-        };
+    /// Indexes a buffered row of key hash `hash` (FNV-1a 64) in partition `partition`; its event
+    /// time, if any, is added to a run by the caller.
+    fn insert(&mut self, seq: u64, hash: u64, partition: usize, matched: bool) -> u32 {
+        let mut word = (seq & SEQ_MASK) | ((partition as u64 & PARTITION_MASK) << SEQ_BITS);
+        word |= LIVE_BIT;
+        if matched {
+            word |= MATCHED_BIT;
+        }
         let slot = Slot {
-            chunk,
-            row,
-            seq,
-            key: Arc::clone(&key),
-            matched,
-            live: true,
+            word,
+            hash: hash as u32,
+            next: NONE,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -249,189 +258,213 @@ impl Side {
                 id
             }
             None => {
+                if self.slots.len() == self.slots.capacity() {
+                    // Grow by a quarter, not double: the slots are most of the index.
+                    self.slots.reserve_exact(self.slots.len() / 4 + 1024);
+                }
                 self.slots.push(slot);
                 (self.slots.len() - 1) as u32
             }
         };
-        self.index.entry(key).or_default().push(id);
-        self.chunk_slots[chunk as usize].push(id);
-        if let Some(t) = time {
-            self.by_time.entry(t).or_default().push(id);
+        let h = slot.hash;
+        let slots = &mut self.slots;
+        match self
+            .index
+            .find_mut(spread(h), |&x| slots[x as usize].hash == h)
+        {
+            Some(head) => {
+                slots[id as usize].next = *head;
+                *head = id;
+            }
+            None => {
+                self.index
+                    .insert_unique(spread(h), id, |&x| spread(slots[x as usize].hash));
+            }
         }
         self.live += 1;
         id
     }
 
-    /// Removes every row whose eviction time is at or below `threshold_us`, returning them.
-    fn evict(&mut self, threshold_us: i64) -> Vec<u32> {
-        let keep = self.by_time.split_off(&threshold_us.saturating_add(1));
-        let gone = std::mem::replace(&mut self.by_time, keep);
-        let ids: Vec<u32> = gone.into_values().flatten().collect();
-        for &id in &ids {
-            let slot = &mut self.slots[id as usize];
-            slot.live = false;
-            let key = Arc::clone(&slot.key);
-            let chunk = slot.chunk as usize;
-            if let Some(list) = self.index.get_mut(&key) {
-                list.retain(|x| *x != id);
-                if list.is_empty() {
-                    self.index.remove(&key);
-                }
-            }
-            self.chunk_live[chunk] -= 1;
-            self.live -= 1;
+    /// Adds a run of rows with event times (any order).
+    fn add_run(&mut self, mut pairs: Vec<(i64, u32)>) {
+        if pairs.is_empty() {
+            return;
         }
+        pairs.sort_unstable();
+        let (times, ids) = pairs.into_iter().unzip();
+        self.runs.push(Run { times, ids, at: 0 });
+    }
+
+    /// Indexes rows `rows` of a batch (key hashes `hashes` and partitions `partitions`, by row)
+    /// as new rows, each with its matched flag and event time.
+    fn add(
+        &mut self,
+        rows: &[u32],
+        hashes: &[u64],
+        partitions: &[usize],
+        matched: &[bool],
+        times: Option<&[Option<i64>]>,
+    ) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut run = Vec::new();
+        for &row in rows {
+            let r = row as usize;
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let id = self.insert(seq, hashes[r], partitions[r], matched[r]);
+            if let Some(t) = times.and_then(|t| t[r]) {
+                run.push((t, id));
+            }
+            ids.push(id);
+        }
+        self.add_run(run);
         ids
     }
 
-    /// Lets evicted slots be reused and their chunks go, once nothing refers to them any more;
-    /// a chunk mostly evicted has its few remaining rows moved to a new chunk (rows that are
-    /// never evicted, such as those without an event time, would otherwise keep every chunk).
-    fn release(&mut self, ids: &[u32]) -> Result<(), ArrowError> {
-        let mut touched: Vec<usize> = Vec::new();
-        for &id in ids {
-            let slot = &mut self.slots[id as usize];
-            slot.key = Arc::from(&[][..]);
-            touched.push(slot.chunk as usize);
-            self.free.push(id);
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        let compacting = touched.iter().any(|&c| {
-            self.chunk_live[c] > 0 && self.chunk_live[c] as usize * 8 <= self.chunk_slots[c].len()
-        });
-        if compacting
-            && let Some(r) = self.residue
-            && self.chunk_live[r] > 0
-            && !touched.contains(&r)
-        {
-            touched.push(r);
-        }
-        let mut sparse: Vec<u32> = Vec::new();
-        for chunk in touched {
-            let live = self.chunk_live[chunk] as usize;
-            if live == 0 {
-                self.chunks[chunk] = None;
-                self.chunk_slots[chunk] = Vec::new();
-            } else if live * 8 <= self.chunk_slots[chunk].len() || Some(chunk) == self.residue {
-                let chunk_id = chunk as u32;
-                let slots = &self.slots;
-                sparse.extend(
-                    self.chunk_slots[chunk].iter().copied().filter(|&id| {
-                        slots[id as usize].live && slots[id as usize].chunk == chunk_id
-                    }),
-                );
-            }
-        }
-        if sparse.is_empty() {
-            return Ok(());
-        }
-        let columns = self.gather(&sparse)?;
-        let batch = RecordBatch::try_new_with_options(
-            Arc::clone(&self.schema),
-            columns,
-            &RecordBatchOptions::new().with_row_count(Some(sparse.len())),
-        )?;
-        let new_chunk = self.chunks.len() as u32;
-        for (row, &id) in sparse.iter().enumerate() {
-            let old = self.slots[id as usize].chunk as usize;
-            self.chunk_live[old] -= 1;
-            if self.chunk_live[old] == 0 {
-                self.chunks[old] = None;
-                self.chunk_slots[old] = Vec::new();
-            }
-            let slot = &mut self.slots[id as usize];
-            slot.chunk = new_chunk;
-            slot.row = row as u32;
-        }
-        self.residue = Some(self.chunks.len());
-        self.chunks.push(Some(batch));
-        self.chunk_live.push(sparse.len() as u32);
-        self.chunk_slots.push(sparse);
-        Ok(())
-    }
-
-    /// The columns of buffered rows `ids`, in order.
-    fn gather(&self, ids: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
-        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
-        self.gather_columns(ids, &all)
-    }
-
-    /// Columns `columns` of buffered rows `ids`, in order.
-    fn gather_columns(&self, ids: &[u32], columns: &[usize]) -> Result<Vec<ArrayRef>, ArrowError> {
-        let mut positions: HashMap<u32, usize> = HashMap::new();
-        let mut chunks: Vec<&RecordBatch> = Vec::new();
-        let mut indices: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
-        for &id in ids {
+    /// The live rows of `hash`'s chain, oldest first, into `out`.
+    fn chain(&self, hash: u64, out: &mut Vec<u32>) {
+        out.clear();
+        let hash = hash as u32;
+        let mut id = self.head(hash);
+        while id != NONE {
             let slot = &self.slots[id as usize];
-            let position = *positions.entry(slot.chunk).or_insert_with(|| {
-                chunks.push(
-                    self.chunks[slot.chunk as usize]
-                        .as_ref()
-                        .unwrap_or_else(|| unreachable!("a live row's chunk is kept")),
-                );
-                chunks.len() - 1
-            });
-            indices.push((position, slot.row as usize));
+            // Two key hashes may share their low half, and with it a chain.
+            out.push(id);
+            id = slot.next;
         }
-        columns
-            .iter()
-            .map(|&c| {
-                if chunks.is_empty() {
-                    return Ok(arrow_array::new_empty_array(
-                        self.schema.field(c).data_type(),
-                    ));
-                }
-                let arrays: Vec<&dyn Array> = chunks.iter().map(|b| b.column(c).as_ref()).collect();
-                arrow_select::interleave::interleave(&arrays, &indices)
-            })
-            .collect()
-    }
-}
-
-/// `[side][join key][seq]` into `out`.
-fn write_store_key(out: &mut Vec<u8>, side: u8, key: &[u8], seq: u64) {
-    out.clear();
-    out.push(side);
-    out.extend_from_slice(key);
-    out.extend_from_slice(&seq.to_be_bytes());
-}
-
-/// Where the rows of one side of a batch come from.
-enum Rows2<'a> {
-    /// Rows of this batch's input.
-    New(&'a RecordBatch),
-    /// Buffered rows.
-    Buffered(&'a Side),
-}
-
-impl Rows2<'_> {
-    /// Every column of rows `idx`.
-    fn columns(&self, idx: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
-        let all: Vec<usize> = (0..self.schema().fields().len()).collect();
-        self.columns_at(idx, &all)
+        out.reverse();
     }
 
-    /// Columns `columns` of rows `idx`.
-    fn columns_at(&self, idx: &[u32], columns: &[usize]) -> Result<Vec<ArrayRef>, ArrowError> {
-        match self {
-            Self::New(batch) => {
-                let idx = UInt32Array::from(idx.to_vec());
-                columns
-                    .iter()
-                    .map(|&c| arrow_select::take::take(batch.column(c).as_ref(), &idx, None))
-                    .collect()
+    /// Takes every row whose eviction time is at or below `threshold_us` out of the index,
+    /// returning them; their slots stay readable until [`Self::release`].
+    fn evict(&mut self, threshold_us: i64) -> Vec<u32> {
+        let mut ids = Vec::new();
+        for run in &mut self.runs {
+            let end = run.at + run.times[run.at..].partition_point(|&t| t <= threshold_us);
+            ids.extend_from_slice(&run.ids[run.at..end]);
+            run.at = end;
+            // Let the consumed front go once it is most of the run.
+            if run.at > 0 && run.at * 2 >= run.times.len() && run.at < run.times.len() {
+                run.times.drain(..run.at);
+                run.ids.drain(..run.at);
+                run.times.shrink_to_fit();
+                run.ids.shrink_to_fit();
+                run.at = 0;
             }
-            Self::Buffered(side) => side.gather_columns(idx, columns),
+        }
+        self.runs.retain(|r| r.at < r.times.len());
+        if ids.is_empty() {
+            return ids;
+        }
+        for &id in &ids {
+            self.slots[id as usize].word &= !LIVE_BIT;
+        }
+        // Each chain that lost rows is relinked once, whatever its length.
+        let mut hashes: Vec<u32> = ids.iter().map(|&id| self.slots[id as usize].hash).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        for hash in hashes {
+            let mut id = self.head(hash);
+            let (mut head, mut tail) = (NONE, NONE);
+            while id != NONE {
+                let next = self.slots[id as usize].next;
+                if self.slots[id as usize].live() {
+                    if tail == NONE {
+                        head = id;
+                    } else {
+                        self.slots[tail as usize].next = id;
+                    }
+                    tail = id;
+                }
+                id = next;
+            }
+            let slots = &self.slots;
+            if let Ok(entry) = self
+                .index
+                .find_entry(spread(hash), |&x| slots[x as usize].hash == hash)
+            {
+                if tail == NONE {
+                    entry.remove();
+                } else {
+                    *entry.into_mut() = head;
+                }
+            }
+            if tail != NONE {
+                self.slots[tail as usize].next = NONE;
+            }
+        }
+        self.live -= ids.len() as u64;
+        ids
+    }
+
+    /// Lets the slots of evicted rows be reused.
+    fn release(&mut self, ids: &[u32]) {
+        self.free.extend_from_slice(ids);
+        // Many rows went at once: give the memory of a shrunken buffer back.
+        if self.free.len() > 1024 && self.free.len() * 2 > self.slots.len() {
+            self.compact();
         }
     }
 
-    fn schema(&self) -> SchemaRef {
-        match self {
-            Self::New(batch) => batch.schema(),
-            Self::Buffered(side) => Arc::clone(&side.schema),
+    /// Renumbers the live slots densely (more than half the slots are free).
+    fn compact(&mut self) {
+        let mut renumber = vec![NONE; self.slots.len()];
+        let mut slots = Vec::with_capacity(self.live as usize + self.live as usize / 4);
+        for (id, slot) in self.slots.iter().enumerate() {
+            if slot.live() {
+                renumber[id] = slots.len() as u32;
+                slots.push(*slot);
+            }
         }
+        for slot in &mut slots {
+            if slot.next != NONE {
+                slot.next = renumber[slot.next as usize];
+            }
+        }
+        for head in self.index.iter_mut() {
+            *head = renumber[*head as usize];
+        }
+        for run in &mut self.runs {
+            run.times.drain(..run.at);
+            run.ids.drain(..run.at);
+            run.at = 0;
+            for id in &mut run.ids {
+                *id = renumber[*id as usize];
+            }
+        }
+        self.slots = slots;
+        self.free = Vec::new();
+        let slots = &self.slots;
+        self.index
+            .shrink_to_fit(|&x| spread(slots[x as usize].hash));
     }
+}
+
+/// `[tag][seq]`, the store key of a buffered row or its marker.
+fn store_key(tag: u8, seq: u64) -> [u8; 9] {
+    let mut key = [0u8; 9];
+    key[0] = tag;
+    key[1..].copy_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// Columns `columns` of rows `idx` of `batch`.
+fn take_columns(
+    batch: &RecordBatch,
+    idx: &[u32],
+    columns: &[usize],
+) -> Result<Vec<ArrayRef>, ArrowError> {
+    let idx = UInt32Array::from(idx.to_vec());
+    columns
+        .iter()
+        .map(|&c| arrow_select::take::take(batch.column(c).as_ref(), &idx, None))
+        .collect()
+}
+
+/// Every column of rows `idx` of `batch`.
+fn take_all(batch: &RecordBatch, idx: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
+    let all: Vec<usize> = (0..batch.num_columns()).collect();
+    take_columns(batch, idx, &all)
 }
 
 /// The join's figures since the last commit.
@@ -441,9 +474,6 @@ struct Figures {
     removed: u64,
     dropped: u64,
 }
-
-/// A buffered row as the store holds it: sequence number, join key, row.
-type Entry = (u64, Vec<u8>, Vec<u8>);
 
 /// Where the stream-stream join keeps its state, and how.
 #[derive(Debug, Clone, Copy)]
@@ -568,14 +598,10 @@ impl StreamJoin {
                     .iter()
                     .filter_map(|c| input.schema.index_of(c).ok())
                     .collect(),
-                chunks: Vec::new(),
-                chunk_live: Vec::new(),
-                chunk_slots: Vec::new(),
-                residue: None,
                 slots: Vec::new(),
                 free: Vec::new(),
-                index: HashMap::default(),
-                by_time: BTreeMap::new(),
+                index: hashbrown::HashTable::new(),
+                runs: Vec::new(),
                 next_seq: 0,
                 live: 0,
             })
@@ -710,68 +736,135 @@ impl StreamJoin {
         Ok(())
     }
 
-    /// Reads every buffered row back from the stores.
+    /// Reads every buffered row's index entry back from the stores (each row decoded for its
+    /// key's hash and event time), rewriting entries of the earlier layout into this one
+    /// (written with the next commit).
     fn rebuild(&mut self) -> Result<(), StateError> {
         for s in &mut self.sides {
             s.clear();
         }
-        // Per side: (seq, key, row bytes); and the matched markers.
-        let mut entries: [Vec<Entry>; 2] = [Vec::new(), Vec::new()];
-        let mut matched: [std::collections::HashSet<(Vec<u8>, u64)>; 2] = Default::default();
-        for store in self.state.stores() {
+        let mut next_seq = [0u64; 2];
+        let mut legacy: Vec<Rewrite> = Vec::new();
+        let state = &self.state;
+        let keys = &self.keys;
+        let sides = &mut self.sides;
+        for (p, store) in state.stores().iter().enumerate() {
             let dir = store.dir().to_path_buf();
+            let corrupt = || StateError::corrupt(&dir, "a join state entry is malformed");
+            let mut rebuilt = Rebuilt {
+                partition: p,
+                partitions: state,
+                keys,
+                dir: &dir,
+                waiting: Default::default(),
+                seqs: Default::default(),
+                marks: Default::default(),
+            };
             store.scan(&[], None, &mut |key, value| {
-                let corrupt = || StateError::corrupt(&dir, "a join state entry is malformed");
                 if key.len() < 9 {
                     return Err(corrupt());
                 }
                 let (head, seq) = key.split_at(key.len() - 8);
                 let seq = u64::from_be_bytes(seq.try_into().map_err(|_| corrupt())?);
-                let (kind, join_key) = (head[0], &head[1..]);
-                match kind {
-                    0 | 1 => entries[kind as usize].push((seq, join_key.to_vec(), value.to_vec())),
-                    k if k == MATCHED || k == MATCHED + 1 => {
-                        matched[(k - MATCHED) as usize].insert((join_key.to_vec(), seq));
+                let tag = head[0];
+                let (row, side) = match tag {
+                    t if (ROW..MARK + 2).contains(&t) && head.len() == 1 => {
+                        (t < MARK, (t & 1) as usize)
+                    }
+                    t if t < ROW => {
+                        // The earlier layout: the join key itself between tag and seq.
+                        let (row, side) = (t < LEGACY_MARK, (t & 1) as usize);
+                        let tag = if row { ROW } else { MARK } + side as u8;
+                        legacy.push(Rewrite {
+                            partition: p,
+                            old: key.to_vec(),
+                            new: store_key(tag, seq),
+                            value: value.to_vec(),
+                        });
+                        (row, side)
                     }
                     _ => return Err(corrupt()),
+                };
+                if seq > SEQ_MASK {
+                    return Err(corrupt());
+                }
+                if row {
+                    next_seq[side] = next_seq[side].max(seq + 1);
+                    rebuilt.row(&mut sides[side], side, seq, value)?;
+                } else {
+                    rebuilt.marks[side].push(seq);
                 }
                 Ok(true)
             })?;
+            rebuilt.finish(sides)?;
         }
-        for (i, mut rows) in entries.into_iter().enumerate() {
-            rows.sort_by_key(|(seq, _, _)| *seq);
-            let side = &mut self.sides[i];
-            side.next_seq = rows.last().map_or(0, |(seq, _, _)| seq + 1);
-            if rows.is_empty() {
-                continue;
-            }
-            let dir = self.state.store(0).dir().to_path_buf();
-            let parser = side.rows.parser();
-            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                side.rows
-                    .convert_rows(rows.iter().map(|(_, _, v)| parser.parse(v)))
-            }))
-            .map_err(|_| StateError::corrupt(&dir, "a buffered join row cannot be decoded"))?
-            .map_err(|e| StateError::corrupt(&dir, format!("a buffered join row: {e}")))?;
-            let chunk = RecordBatch::try_new_with_options(
-                Arc::clone(&side.schema),
-                decoded,
-                &RecordBatchOptions::new().with_row_count(Some(rows.len())),
-            )
-            .map_err(|e| {
-                StateError::corrupt(&dir, format!("the buffered rows of {}: {e}", side.name))
-            })?;
-            let times = side.eviction.map(|e| event_times(chunk.column(e.column)));
-            side.chunks.push(Some(chunk));
-            side.chunk_live.push(rows.len() as u32);
-            side.chunk_slots.push(Vec::with_capacity(rows.len()));
-            for (r, (seq, key, _)) in rows.iter().enumerate() {
-                let is_matched = matched[i].contains(&(key.clone(), *seq));
-                let time = times.as_ref().and_then(|t| t[r]);
-                side.insert(0, r as u32, *seq, key, time, is_matched);
-            }
+        for Rewrite {
+            partition: p,
+            old,
+            new,
+            value,
+        } in legacy
+        {
+            let store = self.state.store_mut(p);
+            store.delete_present(&old)?;
+            store.put_new(&new, &value)?;
+        }
+        for (side, next) in self.sides.iter_mut().zip(next_seq) {
+            side.next_seq = next;
         }
         Ok(())
+    }
+
+    /// The buffered rows `ids` of side `side` (distinct), read from the stores, in order.
+    fn fetch(&self, side: usize, ids: &[u32]) -> Result<RecordBatch, String> {
+        let s = &self.sides[side];
+        let keys: Vec<[u8; 9]> = ids
+            .iter()
+            .map(|&id| store_key(ROW + side as u8, s.slots[id as usize].seq()))
+            .collect();
+        // Per partition, its keys in order: one batched lookup each.
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| {
+            (
+                s.slots[ids[i as usize] as usize].partition(),
+                keys[i as usize],
+            )
+        });
+        let mut values: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
+        let mut found = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            let p = s.slots[ids[order[start] as usize] as usize].partition();
+            let end = start
+                + order[start..]
+                    .partition_point(|&i| s.slots[ids[i as usize] as usize].partition() == p);
+            let part: Vec<&[u8]> = order[start..end]
+                .iter()
+                .map(|&i| &keys[i as usize][..])
+                .collect();
+            self.state
+                .store(p)
+                .get_many(&part, true, &mut found)
+                .map_err(|e| e.to_string())?;
+            for (&i, value) in order[start..end].iter().zip(found.drain(..)) {
+                values[i as usize] = value;
+            }
+            start = end;
+        }
+        let mut present: Vec<&[u8]> = Vec::with_capacity(values.len());
+        for (value, &id) in values.iter().zip(ids) {
+            match value {
+                Some(v) => present.push(v),
+                None => {
+                    return Err(format!(
+                        "the state of {} lost buffered row {}",
+                        s.name,
+                        s.slots[id as usize].seq()
+                    ));
+                }
+            }
+        }
+        decode_rows(s, &present).map_err(|e| format!("the buffered rows of {}: {e}", s.name))
     }
 
     /// Joins one batch: `inputs[0]` the left input's new rows, `inputs[1]` the right's.
@@ -822,43 +915,37 @@ impl StreamJoin {
             if !self.sides[side].outer {
                 self.figures.removed += gone.len() as u64;
             }
-            let mut unmatched = Vec::new();
-            let mut buf = Vec::new();
-            for &id in &gone {
-                let slot = &self.sides[side].slots[id as usize];
-                let was_matched = slot.matched;
-                write_store_key(&mut buf, side as u8, &slot.key, slot.seq);
-                let p = self.state.partition_of(&slot.key);
-                self.state
-                    .store_mut(p)
-                    .delete_present(&buf)
-                    .map_err(|e| fail(e.to_string()))?;
-                if was_matched {
-                    // A marker is kept for the sides whose matches are asked about later.
-                    if self.sides[side].marks {
-                        write_store_key(&mut buf, side as u8 + MATCHED, &slot.key, slot.seq);
-                        self.state
-                            .store_mut(p)
-                            .delete_present(&buf)
-                            .map_err(|e| fail(e.to_string()))?;
-                    }
-                } else if self.sides[side].outer {
-                    unmatched.push(id);
+            if self.sides[side].outer {
+                // Read before the rows are deleted.
+                let unmatched: Vec<u32> = gone
+                    .iter()
+                    .copied()
+                    .filter(|&id| !self.sides[side].slots[id as usize].matched())
+                    .collect();
+                if !unmatched.is_empty() {
+                    let rows = self.fetch(side, &unmatched).map_err(&fail)?;
+                    let rows = rows.columns().to_vec();
+                    out.push(
+                        self.with_nulls(side, rows, unmatched.len())
+                            .map_err(&fail)?,
+                    );
                 }
             }
-            if !unmatched.is_empty() {
-                let columns = self.sides[side]
-                    .gather(&unmatched)
+            let marks = self.sides[side].marks;
+            for &id in &gone {
+                let slot = self.sides[side].slots[id as usize];
+                let store = self.state.store_mut(slot.partition());
+                store
+                    .delete_present(&store_key(ROW + side as u8, slot.seq()))
                     .map_err(|e| fail(e.to_string()))?;
-                out.push(
-                    self.with_nulls(side, columns, unmatched.len())
-                        .map_err(&fail)?,
-                );
+                // A marker is kept for the sides whose matches are asked about later.
+                if slot.matched() && marks {
+                    store
+                        .delete_present(&store_key(MARK + side as u8, slot.seq()))
+                        .map_err(|e| fail(e.to_string()))?;
+                }
             }
-            // The slots are free now, and the chunks whose rows are all gone.
-            self.sides[side]
-                .release(&gone)
-                .map_err(|e| fail(format!("cannot compact the buffered rows: {e}")))?;
+            self.sides[side].release(&gone);
         }
         Ok(out)
     }
@@ -924,52 +1011,87 @@ impl StreamJoin {
             }
         }
         if !alone.is_empty() {
-            let columns = Rows2::New(batch)
-                .columns(&alone)
-                .map_err(arrow("take rows"))?;
+            let columns = take_all(batch, &alone).map_err(arrow("take rows"))?;
             out.push(self.with_nulls(side, columns, alone.len())?);
         }
         let keys = self
             .keys
             .convert_columns(&key_columns)
             .map_err(arrow("encode the join keys"))?;
-        // Candidate pairs: each row with the other side's buffered rows of its key.
+        let hashes: Vec<u64> = (0..n).map(|r| fnv::hash(keys.row(r).as_ref())).collect();
+        let partitions: Vec<usize> = hashes
+            .iter()
+            .map(|&h| self.state.partition_of_hash(h))
+            .collect();
+        // Candidate pairs: each row with the other side's buffered rows of its key's hash.
         let semi_right = self.kind == JoinType::LeftSemi && side == RIGHT;
         let mut new_idx: Vec<u32> = Vec::new();
-        let mut old_idx: Vec<u32> = Vec::new();
+        let mut old_ids: Vec<u32> = Vec::new();
+        let mut chain = Vec::new();
         for (r, &kept) in keep.iter().enumerate() {
             if !kept || nulls.as_ref().is_some_and(|v| v.is_null(r)) {
                 continue;
             }
-            if let Some(ids) = self.sides[other].index.get(keys.row(r).as_ref()) {
-                for &id in ids {
-                    if semi_right && self.sides[other].slots[id as usize].matched {
-                        continue;
-                    }
-                    new_idx.push(r as u32);
-                    old_idx.push(id);
+            self.sides[other].chain(hashes[r], &mut chain);
+            for &id in &chain {
+                if semi_right && self.sides[other].slots[id as usize].matched() {
+                    continue;
                 }
+                new_idx.push(r as u32);
+                old_ids.push(id);
             }
         }
-        if let Some(post) = &self.post
+        // The candidates' rows, read from the store once each.
+        let mut distinct: Vec<u32> = old_ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (old_rows, mut old_idx) = if distinct.is_empty() {
+            (None, Vec::new())
+        } else {
+            let rows = self.fetch(other, &distinct)?;
+            let at: Vec<u32> = old_ids
+                .iter()
+                .map(|id| distinct.partition_point(|d| d < id) as u32)
+                .collect();
+            (Some(rows), at)
+        };
+        if let Some(rows) = &old_rows {
+            // Only pairs whose keys are equal, not merely their hashes.
+            let old_keys: Vec<ArrayRef> = self.sides[other]
+                .keys
+                .iter()
+                .map(|i| Arc::clone(rows.column(*i)))
+                .collect();
+            let old_keys = self
+                .keys
+                .convert_columns(&old_keys)
+                .map_err(arrow("encode the join keys"))?;
+            let equal: Vec<bool> = new_idx
+                .iter()
+                .zip(&old_idx)
+                .map(|(&r, &o)| keys.row(r as usize) == old_keys.row(o as usize))
+                .collect();
+            if equal.contains(&false) {
+                let pick = |v: &[u32]| -> Vec<u32> {
+                    v.iter()
+                        .zip(&equal)
+                        .filter(|(_, e)| **e)
+                        .map(|(x, _)| *x)
+                        .collect()
+                };
+                new_idx = pick(&new_idx);
+                old_idx = pick(&old_idx);
+                old_ids = pick(&old_ids);
+            }
+        }
+        if let (Some(post), Some(rows)) = (&self.post, &old_rows)
             && !new_idx.is_empty()
         {
-            let (l, li, r, ri) = if side == LEFT {
-                (
-                    Rows2::New(batch),
-                    &new_idx,
-                    Rows2::Buffered(&self.sides[other]),
-                    &old_idx,
-                )
+            let holds = if side == LEFT {
+                evaluate_pairs(post, batch, &new_idx, rows, &old_idx)?
             } else {
-                (
-                    Rows2::Buffered(&self.sides[other]),
-                    &old_idx,
-                    Rows2::New(batch),
-                    &new_idx,
-                )
+                evaluate_pairs(post, rows, &old_idx, batch, &new_idx)?
             };
-            let holds = evaluate_pairs(post, &l, li, &r, ri)?;
             let keep_pairs = |idx: &[u32]| -> Result<Vec<u32>, String> {
                 let kept = arrow_select::filter::filter(&UInt32Array::from(idx.to_vec()), &holds)
                     .map_err(arrow("filter the pairs"))?;
@@ -977,6 +1099,7 @@ impl StreamJoin {
             };
             new_idx = keep_pairs(&new_idx)?;
             old_idx = keep_pairs(&old_idx)?;
+            old_ids = keep_pairs(&old_ids)?;
         }
         let mut matched = vec![false; n];
         for &r in &new_idx {
@@ -985,51 +1108,43 @@ impl StreamJoin {
         // The buffered rows matched now are remembered (an outer or semi join asks later).
         let remember = self.sides[other].marks;
         let mut semi_emitted: Vec<u32> = Vec::new();
-        let mut buf = Vec::new();
-        for &id in &old_idx {
+        for (&id, &at) in old_ids.iter().zip(&old_idx) {
             let slot = &mut self.sides[other].slots[id as usize];
-            if slot.matched {
+            if slot.matched() {
                 continue;
             }
-            slot.matched = true;
+            slot.set_matched();
+            let (partition, seq) = (slot.partition(), slot.seq());
             if semi_right {
-                semi_emitted.push(id);
+                semi_emitted.push(at);
             }
             if remember {
                 // No marker yet: the row was not matched before.
-                write_store_key(&mut buf, other as u8 + MATCHED, &slot.key, slot.seq);
-                let p = self.state.partition_of(&slot.key);
                 self.state
-                    .store_mut(p)
-                    .put_new(&buf, &[])
+                    .store_mut(partition)
+                    .put_new(&store_key(MARK + other as u8, seq), &[])
                     .map_err(|e| e.to_string())?;
             }
         }
         // The joined rows.
-        match self.kind {
-            JoinType::LeftSemi => {
+        match (self.kind, &old_rows) {
+            (JoinType::LeftSemi, _) => {
                 let rows = if side == LEFT {
                     let firsts: Vec<u32> = (0..n as u32).filter(|r| matched[*r as usize]).collect();
-                    Rows2::New(batch)
-                        .columns(&firsts)
-                        .map_err(arrow("take rows"))?
+                    take_all(batch, &firsts).map_err(arrow("take rows"))?
+                } else if let Some(rows) = &old_rows {
+                    take_all(rows, &semi_emitted).map_err(arrow("take rows"))?
                 } else {
-                    self.sides[LEFT]
-                        .gather(&semi_emitted)
-                        .map_err(arrow("gather rows"))?
+                    Vec::new()
                 };
                 let count = rows.first().map_or(0, |c| c.len());
                 if count > 0 {
                     out.push(self.assemble(Some(rows), None, count, LEFT)?);
                 }
             }
-            _ if !new_idx.is_empty() => {
-                let new_cols = Rows2::New(batch)
-                    .columns(&new_idx)
-                    .map_err(arrow("take rows"))?;
-                let old_cols = self.sides[other]
-                    .gather(&old_idx)
-                    .map_err(arrow("gather rows"))?;
+            (_, Some(rows)) if !new_idx.is_empty() => {
+                let new_cols = take_all(batch, &new_idx).map_err(arrow("take rows"))?;
+                let old_cols = take_all(rows, &old_idx).map_err(arrow("take rows"))?;
                 let (l, r) = if side == LEFT {
                     (new_cols, old_cols)
                 } else {
@@ -1072,21 +1187,22 @@ impl StreamJoin {
             .rows
             .convert_columns(batch.columns())
             .map_err(arrow("encode the buffered rows"))?;
-        let ids = self.sides[side]
-            .add(batch, &buffered, &keys, &matched, times.as_deref())
-            .map_err(arrow("buffer rows"))?;
+        let ids = self.sides[side].add(&buffered, &hashes, &partitions, &matched, times.as_deref());
         // Each buffered row is a new entry (its sequence number is new): no lookup.
+        let marks = self.sides[side].marks;
         for (&r, &id) in buffered.iter().zip(&ids) {
-            let slot = &self.sides[side].slots[id as usize];
-            let p = self.state.partition_of(&slot.key);
-            let store = self.state.store_mut(p);
-            write_store_key(&mut buf, side as u8, &slot.key, slot.seq);
+            let slot = self.sides[side].slots[id as usize];
+            let store = self.state.store_mut(slot.partition());
             store
-                .put_new(&buf, values.row(r as usize).as_ref())
+                .put_new(
+                    &store_key(ROW + side as u8, slot.seq()),
+                    values.row(r as usize).as_ref(),
+                )
                 .map_err(|e| e.to_string())?;
-            if slot.matched && self.sides[side].marks {
-                write_store_key(&mut buf, side as u8 + MATCHED, &slot.key, slot.seq);
-                store.put_new(&buf, &[]).map_err(|e| e.to_string())?;
+            if slot.matched() && marks {
+                store
+                    .put_new(&store_key(MARK + side as u8, slot.seq()), &[])
+                    .map_err(|e| e.to_string())?;
             }
         }
         self.figures.added += buffered.len() as u64;
@@ -1196,26 +1312,135 @@ fn evaluate_one(plan: &ConditionPlan, batch: &RecordBatch) -> Result<BooleanArra
 }
 
 /// The two-sided condition over aligned pairs of left and right rows.
+/// Decodes rows as the store holds them (arrow-row encoded) into a batch of `side`'s schema.
+fn decode_rows(side: &Side, rows: &[&[u8]]) -> Result<RecordBatch, String> {
+    let parser = side.rows.parser();
+    // A hostile or damaged checkpoint's bytes must fail the batch, not the host.
+    let columns = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        side.rows.convert_rows(rows.iter().map(|v| parser.parse(v)))
+    }))
+    .map_err(|_| "a row cannot be decoded".to_owned())?
+    .map_err(|e| e.to_string())?;
+    RecordBatch::try_new_with_options(
+        Arc::clone(&side.schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows.len())),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// An entry of the earlier layout, to be written under its key in this one.
+struct Rewrite {
+    partition: usize,
+    old: Vec<u8>,
+    new: [u8; 9],
+    value: Vec<u8>,
+}
+
+/// One partition's scan in a rebuild: rows waiting to be decoded, and the markers met.
+struct Rebuilt<'a> {
+    partition: usize,
+    partitions: &'a PartitionedState,
+    keys: &'a RowConverter,
+    dir: &'a Path,
+    /// Per side: rows (seq, value) not yet decoded.
+    waiting: [Vec<(u64, Vec<u8>)>; 2],
+    /// Per side: (seq, slot) of the rows indexed, to find a marker's row.
+    seqs: [Vec<(u64, u32)>; 2],
+    /// Per side: the sequence numbers of the matched markers.
+    marks: [Vec<u64>; 2],
+}
+
+impl Rebuilt<'_> {
+    /// A row entry of side `i`.
+    fn row(&mut self, side: &mut Side, i: usize, seq: u64, value: &[u8]) -> Result<(), StateError> {
+        self.waiting[i].push((seq, value.to_vec()));
+        if self.waiting[i].len() >= REBUILD_CHUNK {
+            self.absorb(side, i)?;
+        }
+        Ok(())
+    }
+
+    /// Indexes the waiting rows of side `i`, decoding them for their key's hash and event time.
+    fn absorb(&mut self, side: &mut Side, i: usize) -> Result<(), StateError> {
+        let waiting = std::mem::take(&mut self.waiting[i]);
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let (dir, name) = (self.dir, side.name.clone());
+        let corrupt =
+            |m: String| StateError::corrupt(dir, format!("the buffered rows of {name}: {m}"));
+        let rows: Vec<&[u8]> = waiting.iter().map(|(_, v)| v.as_slice()).collect();
+        let batch = decode_rows(side, &rows).map_err(&corrupt)?;
+        let key_columns: Vec<ArrayRef> = side
+            .keys
+            .iter()
+            .map(|&k| Arc::clone(batch.column(k)))
+            .collect();
+        let keys = self
+            .keys
+            .convert_columns(&key_columns)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let times = side.eviction.map(|e| event_times(batch.column(e.column)));
+        let mut run = Vec::new();
+        for (r, (seq, _)) in waiting.iter().enumerate() {
+            let hash = fnv::hash(keys.row(r).as_ref());
+            if self.partitions.partition_of_hash(hash) != self.partition {
+                return Err(corrupt("a row is in another key's partition".into()));
+            }
+            let id = side.insert(*seq, hash, self.partition, false);
+            self.seqs[i].push((*seq, id));
+            if let Some(t) = times.as_ref().and_then(|t| t[r]) {
+                run.push((t, id));
+            }
+        }
+        side.add_run(run);
+        Ok(())
+    }
+
+    /// Indexes what is still waiting and marks the matched rows.
+    fn finish(mut self, sides: &mut [Side; 2]) -> Result<(), StateError> {
+        for (i, side) in sides.iter_mut().enumerate() {
+            self.absorb(side, i)?;
+            self.seqs[i].sort_unstable();
+            for seq in &self.marks[i] {
+                let at = self.seqs[i]
+                    .binary_search_by_key(seq, |(s, _)| *s)
+                    .map_err(|_| {
+                        StateError::corrupt(
+                            self.dir,
+                            format!("a matched marker of {} has no buffered row", side.name),
+                        )
+                    })?;
+                side.slots[self.seqs[i][at].1 as usize].set_matched();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The two-sided condition over aligned pairs of left and right rows.
 fn evaluate_pairs(
     plan: &ConditionPlan,
-    left: &Rows2<'_>,
+    left: &RecordBatch,
     left_idx: &[u32],
-    right: &Rows2<'_>,
+    right: &RecordBatch,
     right_idx: &[u32],
 ) -> Result<BooleanArray, String> {
-    let pick = |rows: &Rows2<'_>, idx: &[u32], names: &[String]| -> Result<Vec<ArrayRef>, String> {
-        let schema = rows.schema();
-        let wanted: Vec<usize> = names
-            .iter()
-            .map(|n| {
-                schema
-                    .index_of(n)
-                    .map_err(|_| format!("the condition's column {n} is missing"))
-            })
-            .collect::<Result<_, _>>()?;
-        // Only the condition's columns: the output's are gathered for the pairs that hold.
-        rows.columns_at(idx, &wanted).map_err(|e| e.to_string())
-    };
+    let pick =
+        |rows: &RecordBatch, idx: &[u32], names: &[String]| -> Result<Vec<ArrayRef>, String> {
+            let schema = rows.schema();
+            let wanted: Vec<usize> = names
+                .iter()
+                .map(|n| {
+                    schema
+                        .index_of(n)
+                        .map_err(|_| format!("the condition's column {n} is missing"))
+                })
+                .collect::<Result<_, _>>()?;
+            // Only the condition's columns: the output's are taken for the pairs that hold.
+            take_columns(rows, idx, &wanted).map_err(|e| e.to_string())
+        };
     let source = pick(left, left_idx, plan.source_columns())?;
     let target = pick(right, right_idx, plan.target_columns())?;
     plan.evaluate(left_idx.len(), source, target)

@@ -3,7 +3,9 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int64Type, TimestampMicrosecondType};
-use arrow_array::{Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_array::{
+    Array, ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::*;
@@ -424,12 +426,23 @@ fn rows_that_are_never_evicted_do_not_keep_every_batch_s_rows_in_memory() {
         )
         .unwrap();
         let m = join.commit(batch).unwrap();
-        let chunks = join.sides[LEFT].chunks.iter().flatten().count();
-        assert!(chunks <= 4, "batch {batch}: {chunks} chunks held");
+        // The index holds the live rows, not every batch's: the runs of rows with a time are
+        // let go, and the slots of evicted rows are reused.
+        let held = &join.sides[LEFT];
+        assert!(
+            held.runs.len() <= 3,
+            "batch {batch}: {} runs held",
+            held.runs.len()
+        );
+        assert!(
+            held.slots.len() <= 3 * 16 + batch as usize + 1,
+            "batch {batch}: {} slots",
+            held.slots.len()
+        );
         // The clicks of the last two batches and every click without a time.
         assert!(m.num_rows_total <= 2 * 16 + batch + 1, "{m:?}");
     }
-    // What the compacted chunks hold is what a restart reads back from the store.
+    // What the index holds is what a restart reads back from the store.
     let live = join.sides[LEFT].live;
     drop(join);
     let mut again = open(dir.path(), JoinType::Inner, StoreKind::Memory);
@@ -484,4 +497,170 @@ fn rows_that_cannot_satisfy_the_condition_are_not_buffered_unless_an_outer_join_
         .unwrap();
         assert_eq!(join.commit(0).unwrap().num_rows_total, buffered, "{kind:?}");
     }
+}
+
+/// Writes buffered rows of `side` straight into the join's stores under store keys `key(row)`,
+/// and commits them as version `version`.
+fn write_raw(
+    join: &mut StreamJoin,
+    side: usize,
+    batch: &RecordBatch,
+    key: impl Fn(usize) -> (Vec<u8>, Vec<u8>),
+    version: u64,
+) {
+    let values = join.sides[side]
+        .rows
+        .convert_columns(batch.columns())
+        .unwrap();
+    for r in 0..batch.num_rows() {
+        let (partition_key, store_key) = key(r);
+        let p = join.state.partition_of(&partition_key);
+        join.state
+            .store_mut(p)
+            .put(&store_key, values.row(r).as_ref())
+            .unwrap();
+    }
+    join.state.commit(version, OPERATOR, 0).unwrap();
+}
+
+/// The tags (first bytes) of every entry in the join's stores.
+fn tags(join: &StreamJoin) -> Vec<u8> {
+    let mut tags = Vec::new();
+    for store in join.state.stores() {
+        store
+            .scan(&[], None, &mut |key, _| {
+                tags.push(key[0]);
+                Ok(true)
+            })
+            .unwrap();
+    }
+    tags.sort_unstable();
+    tags
+}
+
+#[test]
+fn a_checkpoint_of_the_earlier_layout_is_read_and_rewritten_to_the_current_one() {
+    for store in [StoreKind::Memory, StoreKind::RocksDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut join = open(dir.path(), JoinType::Left, store);
+        join.load(None).unwrap();
+        // The earlier layout: `[side][join key][seq]`, and a matched marker `[2 + side]...`.
+        let clicks = rows(&clicks_schema(), &[(1, Some("a"), 10), (2, Some("b"), 10)]);
+        let encoded = join
+            .keys
+            .convert_columns(&[Arc::clone(clicks.column(1))])
+            .unwrap();
+        let old_key = |tag: u8, r: usize| {
+            let mut k = vec![tag];
+            k.extend_from_slice(encoded.row(r).as_ref());
+            k.extend_from_slice(&(r as u64).to_be_bytes());
+            k
+        };
+        let key_of = |r: usize| encoded.row(r).as_ref().to_vec();
+        // Click 2 had found its order before the upgrade.
+        let p = join.state.partition_of(&key_of(1));
+        join.state
+            .store_mut(p)
+            .put(&old_key(LEGACY_MARK, 1), &[])
+            .unwrap();
+        write_raw(&mut join, LEFT, &clicks, |r| (key_of(r), old_key(0, r)), 0);
+        drop(join);
+
+        let mut join = open(dir.path(), JoinType::Left, store);
+        join.load(Some(0)).unwrap();
+        assert_eq!(join.sides[LEFT].live, 2);
+        assert_eq!(join.sides[LEFT].next_seq, 2);
+        // Click 1 pairs with a new order now, click 2 had before: when the watermark lets them
+        // go, neither is emitted unmatched.
+        let out = join
+            .process(
+                &ctx(1, 0, 12),
+                [&[], &[rows(&orders_schema(), &[(100, Some("a"), 12)])]],
+            )
+            .unwrap();
+        assert_eq!(show(&out), ["a 1 100"]);
+        join.commit(1).unwrap();
+        // Rewritten: rows `[4 + side]`, markers `[6 + side]`, nothing of the earlier layout.
+        assert_eq!(tags(&join), [ROW, ROW, ROW + 1, MARK, MARK], "{store}");
+        let out = join.process(&ctx(2, 12, 40), [&[], &[]]).unwrap();
+        assert!(out.is_empty(), "{:?}", show(&out));
+        let m = join.commit(2).unwrap();
+        assert_eq!(m.num_rows_total, 0);
+        assert!(tags(&join).is_empty(), "{store}");
+    }
+}
+
+#[test]
+fn rows_whose_key_hashes_collide_are_not_paired() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::Inner, StoreKind::RocksDb);
+    join.load(None).unwrap();
+    // Two sessions whose keys' hashes share the low half the index is keyed by (found by
+    // search: a 32-bit birthday collision among a few hundred thousand names).
+    let names: Vec<String> = (0..400_000).map(|i| format!("s{i}")).collect();
+    let encoded = join
+        .keys
+        .convert_columns(&[Arc::new(StringArray::from_iter_values(&names)) as ArrayRef])
+        .unwrap();
+    let mut seen: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let (a, b) = (0..names.len())
+        .find_map(|i| {
+            let low = fnv::hash(encoded.row(i).as_ref()) as u32;
+            seen.insert(low, i).map(|j| (j, i))
+        })
+        .expect("a collision of 32-bit hashes among 400,000 names");
+    let (a, b) = (names[a].as_str(), names[b].as_str());
+    assert_ne!(a, b);
+    // Both clicks may wait in one chain; the order of session a pairs with a's click only.
+    let out = join
+        .process(
+            &ctx(0, 0, 0),
+            [
+                &[rows(
+                    &clicks_schema(),
+                    &[(1, Some(b), 10), (2, Some(a), 10)],
+                )],
+                &[],
+            ],
+        )
+        .unwrap();
+    assert!(out.is_empty());
+    join.commit(0).unwrap();
+    let mut chain = Vec::new();
+    join.sides[LEFT].chain(
+        fnv::hash(
+            encoded
+                .row(names.iter().position(|n| n == a).unwrap())
+                .as_ref(),
+        ),
+        &mut chain,
+    );
+    assert_eq!(chain.len(), 2, "the two clicks share one chain");
+    let out = join
+        .process(
+            &ctx(1, 0, 0),
+            [
+                &[],
+                &[rows(
+                    &orders_schema(),
+                    &[(100, Some(a), 12), (200, Some(b), 13)],
+                )],
+            ],
+        )
+        .unwrap();
+    let mut want = [format!("{a} 2 100"), format!("{b} 1 200")];
+    want.sort();
+    assert_eq!(show(&out), want, "{a} and {b}");
+    join.commit(1).unwrap();
+    // A restart indexes them the same way.
+    drop(join);
+    let mut join = open(dir.path(), JoinType::Inner, StoreKind::RocksDb);
+    join.load(Some(1)).unwrap();
+    let out = join
+        .process(
+            &ctx(2, 0, 0),
+            [&[], &[rows(&orders_schema(), &[(300, Some(b), 14)])]],
+        )
+        .unwrap();
+    assert_eq!(show(&out), [format!("{b} 1 300")]);
 }
