@@ -14,7 +14,7 @@
 //! event time, far more than memory should (a second copy in memory made the attribution join's
 //! resident set 2.6 times its state on disk, BENCHMARKS.md §8). The store (RocksDB or memory,
 //! versioned by batch id, partitioned by the join key's hash, one changelog per batch) is both
-//! what survives a crash and what a probe reads. Memory keeps an index of about 33 bytes a row:
+//! what survives a crash and what a probe reads. Memory keeps an index of about 35 bytes a row:
 //! a 16-byte slot (sequence number, partition, flags, the low half of the key's hash, the next
 //! row of its chain), a hash-table bucket per key, and the row's event time in the run the
 //! eviction walks. The rows a probe finds are read back in one batched lookup per partition and
