@@ -355,6 +355,26 @@ pub(crate) struct ChildUsage {
     pub system: Duration,
     pub wall: Duration,
     pub max_rss_kb: i64,
+    /// The resident set at the largest of the samples taken every 50 ms from
+    /// `/proc/<pid>/status`: its anonymous and its file-backed part (the executable's code
+    /// pages, shared with every process that runs it), in KB; zeros where there is no `/proc`.
+    pub sampled_anon_kb: u64,
+    pub sampled_file_kb: u64,
+}
+
+/// The anonymous and file-backed resident KB of process `pid`, from `/proc/<pid>/status`.
+fn rss_parts(pid: i32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((field("RssAnon:")?, field("RssFile:")?))
 }
 
 /// Waits for `child`, started at `started`, and takes its resource usage; an exit other than 0
@@ -365,12 +385,30 @@ pub(crate) fn wait_measured(
     what: &str,
 ) -> Result<ChildUsage> {
     let pid = i32::try_from(child.id())?;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut peak = (0u64, 0u64);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some((anon, file)) = rss_parts(pid)
+                    && anon + file > peak.0 + peak.1
+                {
+                    peak = (anon, file);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
     let mut status = 0;
     // SAFETY: a zeroed rusage is a valid value of this plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `pid` is our own child, not yet reaped; the pointers are valid.
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     let wall = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sampled_anon_kb, sampled_file_kb) = sampler.join().unwrap_or_default();
     if reaped != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("{what} failed (status {status})");
     }
@@ -383,6 +421,8 @@ pub(crate) fn wait_measured(
         system: tv(usage.ru_stime),
         wall,
         max_rss_kb: usage.ru_maxrss,
+        sampled_anon_kb,
+        sampled_file_kb,
     })
 }
 

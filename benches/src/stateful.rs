@@ -29,6 +29,8 @@ struct Run {
     wall_s: f64,
     cpu_s: f64,
     peak_rss_mb: f64,
+    /// Weir only: the anonymous and file-backed MB of the largest sampled resident set.
+    rss_parts_mb: (f64, f64),
     rows: u64,
     state_bytes: u64,
     /// The largest numRowsTotal of any batch.
@@ -126,10 +128,12 @@ pub fn stateful(args: &[String]) -> Result<()> {
             },
         )?;
         eprintln!(
-            "weir  run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS, {} rows, state max {} rows / {} KB on disk",
+            "weir  run {run}: {:.2} s wall, {:.2} CPU-s, {:.0} MB peak RSS (sampled peak: {:.0} MB anonymous + {:.0} MB file-backed), {} rows, state max {} rows / {} KB on disk",
             w.wall_s,
             w.cpu_s,
             w.peak_rss_mb,
+            w.rss_parts_mb.0,
+            w.rss_parts_mb.1,
             w.rows,
             w.state_rows_max,
             w.state_bytes / 1024
@@ -448,6 +452,10 @@ fn weir_run(
         wall_s: used.wall.as_secs_f64(),
         cpu_s: (used.user + used.system).as_secs_f64(),
         peak_rss_mb: used.max_rss_kb as f64 / 1024.0,
+        rss_parts_mb: (
+            used.sampled_anon_kb as f64 / 1024.0,
+            used.sampled_file_kb as f64 / 1024.0,
+        ),
         rows,
         state_bytes: du(&dir.join("checkpoint").join("state"), &mut HashSet::new())?,
         state_rows_max,
@@ -683,6 +691,7 @@ fn spark_run(
         wall_s: m["wall_s"].as_f64().unwrap_or(0.0),
         cpu_s: m["sampled_cpu_s_total"].as_f64().unwrap_or(0.0),
         peak_rss_mb: m["sampled_peak_tree_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+        rss_parts_mb: (0.0, 0.0),
         rows: t["input_rows"].as_u64().unwrap_or(0),
         state_bytes,
         state_rows_max: t["state_rows_max"].as_u64().unwrap_or(0),

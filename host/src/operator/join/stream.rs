@@ -166,7 +166,8 @@ impl Slot {
     }
 }
 
-/// The index's hash of a key hash: spread into the high bits hashbrown reads.
+/// The index's hash of a key hash: hashbrown takes its bucket from the low bits and its control
+/// byte from the top seven, which the low half of an FNV hash alone would leave at zero.
 fn spread(hash: u32) -> u64 {
     u64::from(hash).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
@@ -304,12 +305,18 @@ impl Side {
         partitions: &[usize],
         matched: &[bool],
         times: Option<&[Option<i64>]>,
-    ) -> Vec<u32> {
+    ) -> Result<Vec<u32>, String> {
         let mut ids = Vec::with_capacity(rows.len());
         let mut run = Vec::new();
         for &row in rows {
             let r = row as usize;
             let seq = self.next_seq;
+            if seq > SEQ_MASK || self.slots.len() >= NONE as usize {
+                return Err(format!(
+                    "{} has buffered more rows than its state can number",
+                    self.name
+                ));
+            }
             self.next_seq += 1;
             let id = self.insert(seq, hashes[r], partitions[r], matched[r]);
             if let Some(t) = times.and_then(|t| t[r]) {
@@ -318,7 +325,7 @@ impl Side {
             ids.push(id);
         }
         self.add_run(run);
-        ids
+        Ok(ids)
     }
 
     /// The live rows of `hash`'s chain, oldest first, into `out`.
@@ -647,6 +654,13 @@ impl StreamJoin {
                 )
             }
         };
+        if state.partitions as u64 > PARTITION_MASK + 1 {
+            return Err(plan_err(format!(
+                "a stream-stream join takes at most {} state partitions, not {}",
+                PARTITION_MASK + 1,
+                state.partitions
+            )));
+        }
         let state = PartitionedState::open(&PartitionedConfig {
             dir: state.dir,
             partitions: state.partitions,
@@ -731,19 +745,25 @@ impl StreamJoin {
             return Ok(());
         }
         self.mirrors = None;
-        self.rebuild()?;
-        self.mirrors = Some(version);
+        // A rewrite of the earlier layout is only in this attempt's uncommitted writes, which
+        // the next load drops: that load must rebuild (and rewrite) again.
+        if !self.rebuild()? {
+            self.mirrors = Some(version);
+        }
         Ok(())
     }
 
     /// Reads every buffered row's index entry back from the stores (each row decoded for its
     /// key's hash and event time), rewriting entries of the earlier layout into this one
-    /// (written with the next commit).
-    fn rebuild(&mut self) -> Result<(), StateError> {
+    /// (written with the next commit); returns whether it rewrote any. The rewrite is a
+    /// one-time cost of the first run after an upgrade: the old entries are held in memory
+    /// until that commit.
+    fn rebuild(&mut self) -> Result<bool, StateError> {
         for s in &mut self.sides {
             s.clear();
         }
         let mut next_seq = [0u64; 2];
+        let mut all_seqs: [Vec<u64>; 2] = Default::default();
         let mut legacy: Vec<Rewrite> = Vec::new();
         let state = &self.state;
         let keys = &self.keys;
@@ -796,8 +816,22 @@ impl StreamJoin {
                 }
                 Ok(true)
             })?;
-            rebuilt.finish(sides)?;
+            rebuilt.finish(sides, &mut all_seqs)?;
         }
+        // A sequence number is one row's, whatever its partition.
+        for (side, seqs) in all_seqs.iter_mut().enumerate() {
+            seqs.sort_unstable();
+            if seqs.windows(2).any(|w| w[0] == w[1]) {
+                return Err(StateError::corrupt(
+                    self.state.store(0).dir(),
+                    format!(
+                        "two buffered rows of {} have one sequence number",
+                        self.sides[side].name
+                    ),
+                ));
+            }
+        }
+        let migrated = !legacy.is_empty();
         for Rewrite {
             partition: p,
             old,
@@ -812,7 +846,7 @@ impl StreamJoin {
         for (side, next) in self.sides.iter_mut().zip(next_seq) {
             side.next_seq = next;
         }
-        Ok(())
+        Ok(migrated)
     }
 
     /// The buffered rows `ids` of side `side` (distinct), read from the stores, in order.
@@ -1187,7 +1221,8 @@ impl StreamJoin {
             .rows
             .convert_columns(batch.columns())
             .map_err(arrow("encode the buffered rows"))?;
-        let ids = self.sides[side].add(&buffered, &hashes, &partitions, &matched, times.as_deref());
+        let ids =
+            self.sides[side].add(&buffered, &hashes, &partitions, &matched, times.as_deref())?;
         // Each buffered row is a new entry (its sequence number is new): no lookup.
         let marks = self.sides[side].marks;
         for (&r, &id) in buffered.iter().zip(&ids) {
@@ -1399,10 +1434,15 @@ impl Rebuilt<'_> {
     }
 
     /// Indexes what is still waiting and marks the matched rows.
-    fn finish(mut self, sides: &mut [Side; 2]) -> Result<(), StateError> {
+    fn finish(
+        mut self,
+        sides: &mut [Side; 2],
+        all_seqs: &mut [Vec<u64>; 2],
+    ) -> Result<(), StateError> {
         for (i, side) in sides.iter_mut().enumerate() {
             self.absorb(side, i)?;
             self.seqs[i].sort_unstable();
+            all_seqs[i].extend(self.seqs[i].iter().map(|(seq, _)| *seq));
             for seq in &self.marks[i] {
                 let at = self.seqs[i]
                     .binary_search_by_key(seq, |(s, _)| *s)
