@@ -328,16 +328,14 @@ impl Side {
         Ok(ids)
     }
 
-    /// The live rows of `hash`'s chain, oldest first, into `out`.
+    /// The live rows of `hash`'s chain, oldest first, into `out`. Two key hashes may share
+    /// their low half, and with it a chain: the caller checks the keys.
     fn chain(&self, hash: u64, out: &mut Vec<u32>) {
         out.clear();
-        let hash = hash as u32;
-        let mut id = self.head(hash);
+        let mut id = self.head(hash as u32);
         while id != NONE {
-            let slot = &self.slots[id as usize];
-            // Two key hashes may share their low half, and with it a chain.
             out.push(id);
-            id = slot.next;
+            id = self.slots[id as usize].next;
         }
         out.reverse();
     }
@@ -762,7 +760,6 @@ impl StreamJoin {
         for s in &mut self.sides {
             s.clear();
         }
-        let mut next_seq = [0u64; 2];
         let mut all_seqs: [Vec<u64>; 2] = Default::default();
         let mut legacy: Vec<Rewrite> = Vec::new();
         let state = &self.state;
@@ -809,7 +806,6 @@ impl StreamJoin {
                     return Err(corrupt());
                 }
                 if row {
-                    next_seq[side] = next_seq[side].max(seq + 1);
                     rebuilt.row(&mut sides[side], side, seq, value)?;
                 } else {
                     rebuilt.marks[side].push(seq);
@@ -818,9 +814,10 @@ impl StreamJoin {
             })?;
             rebuilt.finish(sides, &mut all_seqs)?;
         }
-        // A sequence number is one row's, whatever its partition.
+        // A sequence number is one row's, whatever its partition; the next is above them all.
         for (side, seqs) in all_seqs.iter_mut().enumerate() {
             seqs.sort_unstable();
+            self.sides[side].next_seq = seqs.last().map_or(0, |s| s + 1);
             if seqs.windows(2).any(|w| w[0] == w[1]) {
                 return Err(StateError::corrupt(
                     self.state.store(0).dir(),
@@ -842,9 +839,6 @@ impl StreamJoin {
             let store = self.state.store_mut(p);
             store.delete_present(&old)?;
             store.put_new(&new, &value)?;
-        }
-        for (side, next) in self.sides.iter_mut().zip(next_seq) {
-            side.next_seq = next;
         }
         Ok(migrated)
     }
