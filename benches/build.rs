@@ -5,12 +5,15 @@
 
 #[path = "../tests/build_c.rs"]
 mod build_c;
+#[path = "../host/build_link.rs"]
+mod build_link;
 #[path = "../tests/build_polyglot.rs"]
 mod build_polyglot;
 #[path = "../host/build_support.rs"]
 mod build_support;
 
 fn main() {
+    build_link::pack_relocations();
     build_support::build_plugins(&[(
         "weir-plugin-hostile",
         "weir_plugin_hostile",

@@ -5,7 +5,11 @@
 #[path = "build_support.rs"]
 mod build_support;
 
+#[path = "build_link.rs"]
+mod build_link;
+
 fn main() {
+    build_link::pack_relocations();
     build_support::build_plugins(&[
         (
             "weir-plugin-filter-rows",

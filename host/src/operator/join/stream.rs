@@ -14,10 +14,10 @@
 //! event time, far more than memory should (a second copy in memory made the attribution join's
 //! resident set 2.6 times its state on disk, BENCHMARKS.md §8). The store (RocksDB or memory,
 //! versioned by batch id, partitioned by the join key's hash, one changelog per batch) is both
-//! what survives a crash and what a probe reads. Memory keeps an index of about 35 bytes a row:
+//! what survives a crash and what a probe reads. Memory keeps an index of about 31 bytes a row:
 //! a 16-byte slot (sequence number, partition, flags, the low half of the key's hash, the next
-//! row of its chain), a hash-table bucket per key, and the row's event time in the run the
-//! eviction walks. The rows a probe finds are read back in one batched lookup per partition and
+//! row of its chain), a hash-table bucket per key, and the row's event time (four bytes above
+//! its run's first) in the run the eviction walks. The rows a probe finds are read back in one batched lookup per partition and
 //! decoded column by column (`arrow-row`); two keys whose hashes share the low half share a
 //! chain, so the pairs are checked on the keys themselves once their rows are read.
 //!
@@ -172,13 +172,37 @@ fn spread(hash: u32) -> u64 {
     u64::from(hash).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// The event times of the rows one batch buffered, in ascending order, consumed from the front
-/// as the watermark passes them.
+/// The event times of rows one batch buffered, in ascending order, consumed from the front as
+/// the watermark passes them. A time is held as its distance (µs) above the run's first, in
+/// four bytes rather than eight: a batch whose times span more than `u32::MAX` µs (71 minutes)
+/// is split into several runs.
 #[derive(Debug, Default)]
 struct Run {
-    times: Vec<i64>,
+    base: i64,
+    offsets: Vec<u32>,
     ids: Vec<u32>,
     at: usize,
+}
+
+impl Run {
+    /// How many of the unconsumed rows have a time at or below `threshold_us`.
+    fn due(&self, threshold_us: i64) -> usize {
+        let limit = match threshold_us.checked_sub(self.base) {
+            Some(d) if d < 0 => return 0,
+            Some(d) => u32::try_from(d).unwrap_or(u32::MAX),
+            // Past the range of a difference: far above every time.
+            None if threshold_us > self.base => u32::MAX,
+            None => return 0,
+        };
+        self.offsets[self.at..].partition_point(|&o| o <= limit)
+    }
+
+    /// Lets go of the consumed front.
+    fn drop_consumed(&mut self) {
+        self.offsets.drain(..self.at);
+        self.ids.drain(..self.at);
+        self.at = 0;
+    }
 }
 
 /// One input's buffer: the index of the rows the store holds for it.
@@ -226,7 +250,7 @@ impl Side {
         let runs: usize = self
             .runs
             .iter()
-            .map(|r| r.times.capacity() * 8 + r.ids.capacity() * 4)
+            .map(|r| (r.offsets.capacity() + r.ids.capacity()) * 4)
             .sum();
         (slots + index + runs) as u64
     }
@@ -286,14 +310,25 @@ impl Side {
         id
     }
 
-    /// Adds a run of rows with event times (any order).
+    /// Adds rows with event times (any order) as one run, or several where their times span
+    /// more than an offset holds.
     fn add_run(&mut self, mut pairs: Vec<(i64, u32)>) {
-        if pairs.is_empty() {
-            return;
-        }
         pairs.sort_unstable();
-        let (times, ids) = pairs.into_iter().unzip();
-        self.runs.push(Run { times, ids, at: 0 });
+        let mut rest = &pairs[..];
+        while let Some(&(base, _)) = rest.first() {
+            let fits = |&(t, _): &(i64, u32)| {
+                t.checked_sub(base)
+                    .is_some_and(|d| d <= i64::from(u32::MAX))
+            };
+            let (run, next) = rest.split_at(rest.partition_point(fits));
+            self.runs.push(Run {
+                base,
+                offsets: run.iter().map(|&(t, _)| (t - base) as u32).collect(),
+                ids: run.iter().map(|&(_, id)| id).collect(),
+                at: 0,
+            });
+            rest = next;
+        }
     }
 
     /// Indexes rows `rows` of a batch (key hashes `hashes` and partitions `partitions`, by row)
@@ -345,19 +380,17 @@ impl Side {
     fn evict(&mut self, threshold_us: i64) -> Vec<u32> {
         let mut ids = Vec::new();
         for run in &mut self.runs {
-            let end = run.at + run.times[run.at..].partition_point(|&t| t <= threshold_us);
+            let end = run.at + run.due(threshold_us);
             ids.extend_from_slice(&run.ids[run.at..end]);
             run.at = end;
             // Let the consumed front go once it is most of the run.
-            if run.at > 0 && run.at * 2 >= run.times.len() && run.at < run.times.len() {
-                run.times.drain(..run.at);
-                run.ids.drain(..run.at);
-                run.times.shrink_to_fit();
+            if run.at > 0 && run.at * 2 >= run.offsets.len() && run.at < run.offsets.len() {
+                run.drop_consumed();
+                run.offsets.shrink_to_fit();
                 run.ids.shrink_to_fit();
-                run.at = 0;
             }
         }
-        self.runs.retain(|r| r.at < r.times.len());
+        self.runs.retain(|r| r.at < r.offsets.len());
         if ids.is_empty() {
             return ids;
         }
@@ -430,9 +463,7 @@ impl Side {
             *head = renumber[*head as usize];
         }
         for run in &mut self.runs {
-            run.times.drain(..run.at);
-            run.ids.drain(..run.at);
-            run.at = 0;
+            run.drop_consumed();
             for id in &mut run.ids {
                 *id = renumber[*id as usize];
             }

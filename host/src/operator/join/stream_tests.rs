@@ -758,3 +758,67 @@ fn slots_are_renumbered_when_most_rows_are_gone_and_the_chains_still_hold() {
     want.sort();
     assert_eq!(out, want);
 }
+
+#[test]
+fn a_batch_whose_times_span_hours_is_held_in_several_runs_and_evicted_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut join = open(dir.path(), JoinType::Left, StoreKind::RocksDb);
+    join.load(None).unwrap();
+    // Five hours of clicks in one batch (after minute 0, the watermark's: a click at it
+    // would be late): an offset holds 71 minutes, so four runs.
+    let clicks = [
+        (1, Some("a"), 1),
+        (2, Some("b"), 51),
+        (3, Some("c"), 101),
+        (4, Some("d"), 201),
+        (5, Some("e"), 301),
+    ];
+    assert!(step(&mut join, &ctx(0, 0, 0), &clicks, &[]).is_empty());
+    join.commit(0).unwrap();
+    let runs: Vec<usize> = join.sides[LEFT]
+        .runs
+        .iter()
+        .map(|r| r.offsets.len())
+        .collect();
+    assert_eq!(runs, [2, 1, 1, 1]);
+    // A click goes once the watermark is more than 10 minutes past it, not a minute before.
+    let expected: [(i64, &[&str]); 6] = [
+        (11, &[]),
+        (12, &["a 1 -"]),
+        (61, &[]),
+        (62, &["b 2 -"]),
+        (212, &["c 3 -", "d 4 -"]),
+        (312, &["e 5 -"]),
+    ];
+    for (batch, (wm, emitted)) in (1..).zip(expected) {
+        let out = step(&mut join, &ctx(batch, 0, wm), &[], &[]);
+        assert_eq!(out, emitted, "watermark at minute {wm}");
+        join.commit(batch).unwrap();
+    }
+    assert!(join.sides[LEFT].runs.is_empty());
+}
+
+#[test]
+fn a_run_compares_thresholds_far_from_its_times() {
+    let run = Run {
+        base: 1_000,
+        offsets: vec![0, 5, u32::MAX],
+        ids: vec![0, 1, 2],
+        at: 0,
+    };
+    assert_eq!(run.due(999), 0);
+    assert_eq!(run.due(i64::MIN), 0);
+    assert_eq!(run.due(1_000), 1);
+    assert_eq!(run.due(1_005), 2);
+    assert_eq!(run.due(1_000 + i64::from(u32::MAX) - 1), 2);
+    assert_eq!(run.due(i64::MAX), 3);
+    let low = Run {
+        base: i64::MIN,
+        offsets: vec![0, 7],
+        ids: vec![0, 1],
+        at: 1,
+    };
+    // The difference overflows: far above every time.
+    assert_eq!(low.due(i64::MAX), 1);
+    assert_eq!(low.due(i64::MIN + 6), 0);
+}
