@@ -31,6 +31,79 @@ use super::error::PluginError;
 /// How often the epoch advances; per-call deadlines are counted in these ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
+/// The one thread that moves the epoch of every engine in the process.
+///
+/// Why one: a spinning guest only stops when its engine's epoch moves, so the mover must be an
+/// OS thread of its own; but every query has an engine, and `weir serve` runs many queries, so
+/// a thread per engine was a thread and 100 wake-ups a second per query. This one parks while
+/// no engine is alive.
+mod ticker {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+    use std::thread::Thread;
+
+    use wasmtime::Engine;
+
+    use super::{EPOCH_TICK, PluginError};
+
+    /// The engines whose epoch moves, each with the flag its owner sets when it is dropped.
+    type Ticked = Vec<(Engine, Arc<AtomicBool>)>;
+
+    static TICKED: Mutex<Ticked> = Mutex::new(Vec::new());
+    /// The ticker thread, once started.
+    static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        // What the lock guards stays consistent at every step, even after a panic.
+        m.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves `engine`'s epoch every tick until `stop` is set.
+    pub(super) fn add(engine: &Engine, stop: Arc<AtomicBool>) -> Result<(), PluginError> {
+        let mut thread = lock(&THREAD);
+        if thread.is_none() {
+            let started = std::thread::Builder::new()
+                .name("weir-epoch".into())
+                .spawn(run)
+                .map_err(|e| PluginError::Instantiate {
+                    plugin: "(engine)".into(),
+                    reason: format!("cannot start the epoch thread: {e}"),
+                })?;
+            *thread = Some(started.thread().clone());
+        }
+        lock(&TICKED).push((engine.clone(), stop));
+        if let Some(t) = thread.as_ref() {
+            t.unpark();
+        }
+        Ok(())
+    }
+
+    fn run() {
+        loop {
+            let idle = {
+                let mut ticked = lock(&TICKED);
+                ticked.retain(|(_, stop)| !stop.load(Ordering::Relaxed));
+                ticked.is_empty()
+            };
+            if idle {
+                // `add` unparks after it pushes, so an engine added meanwhile is not missed.
+                std::thread::park();
+                continue;
+            }
+            std::thread::sleep(EPOCH_TICK);
+            for (engine, _) in lock(&TICKED).iter() {
+                engine.increment_epoch();
+            }
+        }
+    }
+
+    /// Whether the engine that set `stop` when dropped is still ticked.
+    #[cfg(test)]
+    pub(super) fn ticks(stop: &Arc<AtomicBool>) -> bool {
+        lock(&TICKED).iter().any(|(_, s)| Arc::ptr_eq(s, stop))
+    }
+}
+
 /// Settings of the shared engine.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -196,7 +269,7 @@ impl std::fmt::Debug for PluginEngine {
 }
 
 impl PluginEngine {
-    /// Creates the engine and starts its epoch ticker thread.
+    /// Creates the engine and has the process's epoch thread move its epoch.
     ///
     /// # Errors
     /// When wasmtime rejects the configuration (not expected on supported hosts).
@@ -228,24 +301,7 @@ impl PluginEngine {
             None => (Engine::new(&config).map_err(engine_err)?, false),
         };
         let stop_ticker = Arc::new(AtomicBool::new(false));
-        // The ticker must be its own OS thread: a spinning guest only stops
-        // when the epoch moves, so nothing on the calling thread can move it.
-        {
-            let engine = engine.clone();
-            let stop = Arc::clone(&stop_ticker);
-            std::thread::Builder::new()
-                .name("weir-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
-                        engine.increment_epoch();
-                    }
-                })
-                .map_err(|e| PluginError::Instantiate {
-                    plugin: "(engine)".into(),
-                    reason: format!("cannot start the epoch thread: {e}"),
-                })?;
-        }
+        ticker::add(&engine, Arc::clone(&stop_ticker))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
@@ -406,6 +462,43 @@ mod tests {
         })
         .unwrap();
         assert!(!none.pooled());
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn one_thread_ticks_every_engine_and_lets_a_dropped_one_go() {
+        let engines: Vec<PluginEngine> = (0..3)
+            .map(|_| {
+                PluginEngine::new(EngineOptions {
+                    pool: None,
+                    ..EngineOptions::default()
+                })
+                .unwrap()
+            })
+            .collect();
+        let epoch_threads = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|name| name.trim() == "weir-epoch")
+            })
+            .count();
+        assert_eq!(epoch_threads, 1);
+        let stops: Vec<Arc<AtomicBool>> = engines
+            .iter()
+            .map(|e| Arc::clone(&e.shared.stop_ticker))
+            .collect();
+        assert!(stops.iter().all(ticker::ticks));
+        drop(engines);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while stops.iter().any(ticker::ticks) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "dropped engines still ticked"
+            );
+            std::thread::sleep(EPOCH_TICK);
+        }
     }
 
     #[test]
