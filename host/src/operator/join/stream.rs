@@ -255,6 +255,14 @@ impl Side {
         (slots + index + runs) as u64
     }
 
+    /// The join key columns of `batch`, rows of this side.
+    fn key_columns(&self, batch: &RecordBatch) -> Vec<ArrayRef> {
+        self.keys
+            .iter()
+            .map(|&i| Arc::clone(batch.column(i)))
+            .collect()
+    }
+
     /// The newest row of `hash`'s chain.
     fn head(&self, hash: u32) -> u32 {
         let slots = &self.slots;
@@ -1021,11 +1029,7 @@ impl StreamJoin {
         let other = 1 - side;
         let n = batch.num_rows();
         let arrow = |what: &'static str| move |e: ArrowError| format!("cannot {what}: {e}");
-        let key_columns: Vec<ArrayRef> = self.sides[side]
-            .keys
-            .iter()
-            .map(|i| Arc::clone(batch.column(*i)))
-            .collect();
+        let key_columns = self.sides[side].key_columns(batch);
         let nulls = key_nulls(&key_columns);
         let outer = self.sides[side].outer;
         // Which rows go on: a null key matches nothing (kept only by an outer side, to be
@@ -1116,14 +1120,9 @@ impl StreamJoin {
         };
         if let Some(rows) = &old_rows {
             // Only pairs whose keys are equal, not merely their hashes.
-            let old_keys: Vec<ArrayRef> = self.sides[other]
-                .keys
-                .iter()
-                .map(|i| Arc::clone(rows.column(*i)))
-                .collect();
             let old_keys = self
                 .keys
-                .convert_columns(&old_keys)
+                .convert_columns(&self.sides[other].key_columns(rows))
                 .map_err(arrow("encode the join keys"))?;
             let equal: Vec<bool> = new_idx
                 .iter()
@@ -1432,14 +1431,9 @@ impl Rebuilt<'_> {
             |m: String| StateError::corrupt(dir, format!("the buffered rows of {name}: {m}"));
         let rows: Vec<&[u8]> = waiting.iter().map(|(_, v)| v.as_slice()).collect();
         let batch = decode_rows(side, &rows).map_err(&corrupt)?;
-        let key_columns: Vec<ArrayRef> = side
-            .keys
-            .iter()
-            .map(|&k| Arc::clone(batch.column(k)))
-            .collect();
         let keys = self
             .keys
-            .convert_columns(&key_columns)
+            .convert_columns(&side.key_columns(&batch))
             .map_err(|e| corrupt(e.to_string()))?;
         let times = side.eviction.map(|e| event_times(batch.column(e.column)));
         let mut run = Vec::new();
