@@ -13,7 +13,9 @@ mod build_polyglot;
 mod build_support;
 
 fn main() {
-    build_link::pack_relocations();
+    build_link::link_executables(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/hot-functions.txt"),
+    );
     build_support::build_plugins(&[(
         "weir-plugin-hostile",
         "weir_plugin_hostile",

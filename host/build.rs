@@ -9,7 +9,9 @@ mod build_support;
 mod build_link;
 
 fn main() {
-    build_link::pack_relocations();
+    build_link::link_executables(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hot-functions.txt"),
+    );
     build_support::build_plugins(&[
         (
             "weir-plugin-filter-rows",

@@ -1,7 +1,39 @@
 //! How Weir's executables are linked, shared by `host/build.rs` and `benches/build.rs` through
 //! `#[path]` (the packages with executables).
 
+use std::path::Path;
 use std::process::Command;
+
+/// Everything the package's executables are linked with: packed relocations and the hot
+/// functions grouped (`hot_functions` is the list `benches/hot_functions.sh` writes).
+pub fn link_executables(hot_functions: &Path) {
+    pack_relocations();
+    group_hot_functions(hot_functions);
+}
+
+/// Places the functions of `list` (one symbol a line) together at the start of the code, with
+/// lld's `--symbol-ordering-file`; names the list has but the executable lacks are skipped.
+///
+/// Why: the executables hold over 100 MB of code and a query runs a few MB of it. The kernel
+/// maps code in blocks (the disk's read-ahead, whole large folios), so code a query ran
+/// scattered over the whole `.text` made 44 MB of it resident; grouped, about 20 MB
+/// (`BENCHMARKS.md` §8.3). Only where the link is rust-lld's, the default for
+/// x86_64-unknown-linux-gnu, unless `RUSTFLAGS` chose another linker: GNU ld lacks the option.
+fn group_hot_functions(list: &Path) {
+    println!("cargo::rerun-if-changed={}", list.display());
+    println!("cargo::rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let other_linker = flags.contains("linker") || flags.contains("link-self-contained");
+    if target != "x86_64-unknown-linux-gnu" || other_linker || !list.is_file() {
+        return;
+    }
+    println!(
+        "cargo::rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+        list.display()
+    );
+    println!("cargo::rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+}
 
 /// Links the package's executables with packed relative relocations (`DT_RELR`) where the C
 /// library running the build loads them (glibc 2.36 or later).
@@ -11,7 +43,7 @@ use std::process::Command;
 /// its resident set, `BENCHMARKS.md` §8.2); packed, it is about 100 KB. An executable built against a
 /// C library already needs that library or a later one, so the requirement adds nothing where
 /// the build ran.
-pub fn pack_relocations() {
+fn pack_relocations() {
     let linux_gnu = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
     if !linux_gnu || std::env::var("HOST") != std::env::var("TARGET") {

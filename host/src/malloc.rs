@@ -9,6 +9,11 @@
 //! in the heap for the next batch: blocks below 32 MB come from the heap, and up to 64 MB of
 //! free heap top stay mapped. Peak RSS does not grow, because the next batch reuses that
 //! memory before it would allocate more.
+//!
+//! The number of heaps is capped at one per core. glibc allows eight per core, and every thread
+//! that ever allocated (decoders, RocksDB's flushes and compactions, the plugin epoch) keeps
+//! free memory in its own; one per core leaves no thread waiting for long on a two-core host and
+//! cost the attribution join 2-3 MB less peak RSS (`BENCHMARKS.md` §8.3).
 
 /// Blocks at least this large get their own mapping (glibc's largest allowed value on 64-bit).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -17,16 +22,19 @@ const MMAP_THRESHOLD: libc::c_int = 32 << 20;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: libc::c_int = 64 << 20;
 
-/// Sets the thresholds; call it first thing in `main`, before any thread starts. A no-op
-/// where the C library is not glibc. Returns whether both settings were taken.
+/// Sets the thresholds and the heap cap; call it first thing in `main`, before any thread
+/// starts. A no-op where the C library is not glibc. Returns whether every setting was taken.
 pub fn tune() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
         // SAFETY: `mallopt` only changes the allocator's parameters; called before other
         // threads exist, it races with no allocation.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+                && libc::mallopt(libc::M_ARENA_MAX, arenas) == 1
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -39,7 +47,7 @@ pub fn tune() -> bool {
 mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn glibc_takes_both_thresholds() {
+    fn glibc_takes_every_setting() {
         assert!(super::tune());
     }
 }

@@ -36,6 +36,7 @@ fn options() -> StateOptions {
         snapshot_interval: 2,
         min_versions_to_retain: 10,
         snapshot_min_bytes: 0,
+        ..StateOptions::default()
     }
 }
 
@@ -236,6 +237,7 @@ fn fuzz_state_model_round_trip() {
             snapshot_interval: interval,
             min_versions_to_retain: 10,
             snapshot_min_bytes: 0,
+            ..StateOptions::default()
         };
         let mut models = vec![BTreeMap::new()];
         {

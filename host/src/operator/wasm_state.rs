@@ -295,6 +295,7 @@ mod tests {
                 snapshot_interval: 2,
                 min_versions_to_retain: 3,
                 snapshot_min_bytes: 0,
+                ..StateOptions::default()
             },
         })
         .unwrap()

@@ -401,6 +401,7 @@ impl Query {
         // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
         // expression that calls them.
         let (functions, function_plugins) = plugins::functions(&pipeline, &plugins_ctx)?;
+        let state = state_options(&pipeline.query);
         // Inputs → their own transforms → join → transforms (→ the stateful operator, below).
         let plan::Stages {
             mut transforms,
@@ -421,6 +422,7 @@ impl Query {
             &plugins_ctx,
             &functions,
             std::mem::take(&mut options.extra_transforms),
+            &state,
         )?;
         let stateful_pipeline = lowered_pipeline.as_ref().unwrap_or(&pipeline);
 
@@ -434,8 +436,12 @@ impl Query {
         };
         // Planned, not opened: no state store is touched before the
         // fingerprint check, so a refused restart leaves the checkpoint as it was.
-        let mut planned =
-            plan::plan_stateful(stateful_pipeline, checkpoint.state_dir("0"), &schema)?;
+        let mut planned = plan::plan_stateful(
+            stateful_pipeline,
+            checkpoint.state_dir("0"),
+            &schema,
+            &state,
+        )?;
         if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
             p.keep_recorded_layout(recorded, &schema)?;
         }
@@ -465,7 +471,7 @@ impl Query {
                 plugin: name.clone(),
                 num_partitions: pipeline.query.state_partitions,
                 state_dir: checkpoint.state_dir(&format!("transform-{rank}")),
-                state: state_options(&pipeline.query),
+                state: state.clone(),
             })?;
             if let Transform::Wasm(t) = &mut transforms[*i] {
                 t.attach_state(state);
@@ -1577,7 +1583,8 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// How the query's state stores keep their versions (`query.state_store`).
+/// How the query's state stores keep their versions (`query.state_store`); made once per query,
+/// whose stores share its RocksDB memory.
 fn state_options(query: &spec::QuerySpec) -> StateOptions {
     StateOptions {
         kind: query.state_store,

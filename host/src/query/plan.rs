@@ -11,7 +11,7 @@ use arrow_schema::SchemaRef;
 
 use super::plugins::PluginContext;
 use super::stage::Transform;
-use super::{MakeTransform, QueryError, fingerprint, millis_i64, reload, state_options};
+use super::{MakeTransform, QueryError, fingerprint, millis_i64, reload};
 use crate::checkpoint::Checkpoint;
 use crate::operator::TransformError;
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
@@ -24,6 +24,7 @@ use crate::plugin::{PluginFile, PluginOptions, WasmTransform};
 use crate::source::Source;
 use crate::spec::{self, Pipeline, TransformKind};
 use crate::sql::{PluginFunction, SqlTransform};
+use crate::state::StateOptions;
 use crate::watermark::Watermark;
 
 /// The stages of a query, planned.
@@ -60,6 +61,7 @@ pub(super) fn stages(
     plugins_ctx: &PluginContext<'_>,
     functions: &[PluginFunction],
     extra_transforms: Vec<MakeTransform>,
+    state: &StateOptions,
 ) -> Result<Stages, QueryError> {
     // The transforms of one input first, each on its input's schema; then
     // the inputs meet (a union: they must agree) and the rest apply to all.
@@ -92,7 +94,7 @@ pub(super) fn stages(
             Some(j) => &mut input_schemas[j],
             None => {
                 if schema.is_none() {
-                    let (met, joined) = meet(pipeline, sources, &input_schemas, checkpoint)?;
+                    let (met, joined) = meet(pipeline, sources, &input_schemas, checkpoint, state)?;
                     schema = Some(met);
                     (join, stream_join) = joined;
                     join_at = i;
@@ -134,7 +136,7 @@ pub(super) fn stages(
     let mut schema = match schema {
         Some(s) => s,
         None => {
-            let (met, joined) = meet(pipeline, sources, &input_schemas, checkpoint)?;
+            let (met, joined) = meet(pipeline, sources, &input_schemas, checkpoint, state)?;
             (join, stream_join) = joined;
             met
         }
@@ -230,6 +232,7 @@ fn meet(
     sources: &[Box<dyn Source>],
     input_schemas: &[SchemaRef],
     checkpoint: &Checkpoint,
+    state: &StateOptions,
 ) -> Result<(SchemaRef, Joins), QueryError> {
     let Some(spec) = &pipeline.join else {
         return Ok((
@@ -255,7 +258,7 @@ fn meet(
                 .as_ref()
                 .map(|w| w.column.clone()),
         };
-        let options = state_options(&pipeline.query);
+        let options = state.clone();
         let join = StreamJoin::new(
             spec.clone(),
             &input(l),
@@ -372,13 +375,14 @@ pub(super) fn plan_stateful(
     pipeline: &Pipeline,
     state_dir: PathBuf,
     schema: &SchemaRef,
+    state: &StateOptions,
 ) -> Result<Option<PlannedStateful>, QueryError> {
     let query = &pipeline.query;
     let invalid = |message: String| QueryError::Invalid {
         query: query.name.clone(),
         message,
     };
-    let state = state_options(query);
+    let state = state.clone();
     // The rules were checked by `Query::start`; the warnings are logged for the operator.
     for warning in spec::stateful_warnings(pipeline) {
         tracing::warn!(query = %query.name, "{warning}");

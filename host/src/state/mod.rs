@@ -38,6 +38,7 @@ use std::time::Instant;
 
 use files::{FileIndex, SNAPSHOT_META, TMP_PREFIX};
 use record::{FileKind, Header, RecordFile, RecordWriter};
+pub use rocks::RocksMemory;
 
 /// What [`StateStore::scan`] calls with each entry; returning false stops the scan.
 pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError> + 'a;
@@ -77,6 +78,9 @@ pub struct StateOptions {
     /// Changelog bytes since the last snapshot below which a snapshot waits
     /// (up to ten times `snapshot_interval` versions); 0 snapshots every interval.
     pub snapshot_min_bytes: u64,
+    /// The pool of cache and memtable memory the query's RocksDB stores share: clones of one
+    /// `StateOptions` share it, so a query makes its options once for all its stores.
+    pub rocks: RocksMemory,
 }
 
 impl Default for StateOptions {
@@ -86,6 +90,7 @@ impl Default for StateOptions {
             snapshot_interval: 10,
             min_versions_to_retain: 10,
             snapshot_min_bytes: SNAPSHOT_MIN_BYTES,
+            rocks: RocksMemory::default(),
         }
     }
 }
@@ -224,7 +229,10 @@ impl StateStore {
         let files = files::scan_dir(dir)?;
         let backend: Box<dyn Backend> = match options.kind {
             StoreKind::Memory => Box::new(memory::MemoryBackend::new()),
-            StoreKind::RocksDb => Box::new(rocks::RocksBackend::open(&dir.join(files::WORK_DIR))?),
+            StoreKind::RocksDb => Box::new(rocks::RocksBackend::open(
+                &dir.join(files::WORK_DIR),
+                &options.rocks,
+            )?),
         };
         Ok(Self {
             dir: dir.to_path_buf(),

@@ -8,11 +8,12 @@
 //! store writes at commit are the durable record.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompactionStyle,
-    DEFAULT_COLUMN_FAMILY_NAME, Options, ReadOptions, WriteBatch, WriteOptions,
+    DEFAULT_COLUMN_FAMILY_NAME, Options, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions,
 };
 
 use super::files::{self, SNAPSHOT_META};
@@ -20,13 +21,14 @@ use super::{Backend, ScanFn, StateError};
 
 /// Memtable size: large enough that a batch's writes rarely flush mid-batch
 /// (a batch of 25,000 new keys takes about 1 MB), small enough to keep the
-/// resident set of many partitions small.
+/// resident set of many partitions small. It is also each store's share of
+/// its query's memtable budget ([`RocksMemory`]).
 const WRITE_BUFFER_BYTES: usize = 8 * 1024 * 1024;
-/// Block cache per partition. Lookups are mostly for absent keys, which the
-/// bloom filters (held outside the cache) answer; only hits and false
-/// positives read data blocks, so a small cache keeps the resident set small
-/// (RocksDB's default is 32 MB per database).
-const BLOCK_CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Each store's share of its query's block cache. Lookups are mostly for
+/// absent keys, which the bloom filters (held outside the cache) answer;
+/// only hits and false positives read data blocks, so a small cache keeps
+/// the resident set small (RocksDB's default is 32 MB per database).
+const BLOCK_CACHE_BYTES: usize = 2 * 1024 * 1024;
 /// Share of the memtable given to its own bloom filter, so that a lookup of
 /// an absent key skips the memtable's skip list (most deduplication lookups).
 const MEMTABLE_BLOOM_RATIO: f64 = 0.05;
@@ -37,6 +39,103 @@ pub(super) struct RocksBackend {
     dir: PathBuf,
     db: Option<DB>,
     write: WriteOptions,
+    memory: RocksMemory,
+    /// This store's handles on its query's pool.
+    cache: Cache,
+    buffers: WriteBufferManager,
+}
+
+/// The memory the RocksDB stores of one query share: one block cache, and one budget for all
+/// their memtables (a `WriteBufferManager`), each as large as the shares of the stores open.
+///
+/// Why: a store alone may hold a full memtable, a second one being flushed and a cache of its
+/// own, and across a query's partitions and operators most of that is idle at any moment: the
+/// attribution join's two partitions held 25 MB of memtables and 8 MB of caches
+/// (`BENCHMARKS.md` §8.3). Pooled, a busy store uses what an idle one does not, and the query's
+/// total stays one memtable and one cache share per store, as Spark's `boundedMemoryUsage`
+/// bounds an executor's RocksDB instances by one shared cache and write-buffer manager. The
+/// budget is per query, not per process, so that one tenant's stores never flush for another's
+/// writes.
+#[derive(Clone, Default)]
+pub struct RocksMemory(Arc<Mutex<Option<Pool>>>);
+
+struct Pool {
+    cache: Cache,
+    buffers: WriteBufferManager,
+    stores: usize,
+}
+
+impl RocksMemory {
+    /// Adds a store's share to the pool (creating it for the first store) and returns its handles.
+    fn join(&self) -> (Cache, WriteBufferManager) {
+        let mut pool = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let pool = pool.get_or_insert_with(|| Pool {
+            cache: Cache::new_lru_cache(BLOCK_CACHE_BYTES),
+            buffers: WriteBufferManager::new_write_buffer_manager(WRITE_BUFFER_BYTES, false),
+            stores: 0,
+        });
+        pool.stores += 1;
+        pool.resize();
+        (pool.cache.clone(), pool.buffers.clone())
+    }
+
+    /// Takes a closed store's share out of the pool.
+    fn leave(&self) {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pool) = guard.as_mut() {
+            pool.stores = pool.stores.saturating_sub(1);
+            if pool.stores == 0 {
+                *guard = None;
+            } else {
+                pool.resize();
+            }
+        }
+    }
+
+    /// The stores open on the pool, and its cache and memtable budget in bytes.
+    pub fn shares(&self) -> (usize, usize, usize) {
+        let pool = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.as_ref().map_or((0, 0, 0), |p| {
+            (
+                p.stores,
+                p.stores * BLOCK_CACHE_BYTES,
+                p.buffers.get_buffer_size(),
+            )
+        })
+    }
+}
+
+impl Pool {
+    fn resize(&mut self) {
+        self.cache.set_capacity(BLOCK_CACHE_BYTES * self.stores);
+        self.buffers
+            .set_buffer_size(WRITE_BUFFER_BYTES * self.stores);
+    }
+}
+
+impl std::fmt::Debug for RocksMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksMemory")
+            .field("stores", &self.shares().0)
+            .finish()
+    }
+}
+
+/// Two handles are equal when they are the same pool.
+impl PartialEq for RocksMemory {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for RocksMemory {}
+
+impl Drop for RocksBackend {
+    fn drop(&mut self) {
+        // Close first: the database's memtables are charged to the pool until then.
+        self.db = None;
+        self.memory.leave();
+    }
 }
 
 impl std::fmt::Debug for RocksBackend {
@@ -73,8 +172,9 @@ fn fix_mmap_threshold() {
 
 impl RocksBackend {
     /// Opens an empty database in `dir` (which must not exist).
-    pub fn open(dir: &Path) -> Result<Self, StateError> {
+    pub fn open(dir: &Path, memory: &RocksMemory) -> Result<Self, StateError> {
         fix_mmap_threshold();
+        let (cache, buffers) = memory.join();
         let mut write = WriteOptions::default();
         write.disable_wal(true);
         // A commit writes the batch's changes in key order: each memtable
@@ -84,16 +184,20 @@ impl RocksBackend {
             dir: dir.to_path_buf(),
             db: None,
             write,
+            memory: memory.clone(),
+            cache,
+            buffers,
         };
         backend.reset(None)?;
         Ok(backend)
     }
 
-    fn options() -> Options {
+    fn options(&self) -> Options {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
         opts.set_max_write_buffer_number(2);
+        opts.set_write_buffer_manager(&self.buffers);
         opts.set_max_open_files(256);
         opts.set_max_background_jobs(1);
         opts.set_memtable_whole_key_filtering(true);
@@ -106,7 +210,7 @@ impl RocksBackend {
         // compaction opens unchanged: its levels are read as sorted runs.
         opts.set_compaction_style(DBCompactionStyle::Universal);
         let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        table.set_block_cache(&self.cache);
         // Most lookups of deduplication are for keys that are absent.
         table.set_bloom_filter(10.0, false);
         table.set_cache_index_and_filter_blocks(false);
@@ -230,7 +334,7 @@ impl Backend for RocksBackend {
         }
         // The default column family opened by name, so that batched lookups
         // can address it; its options are the database's.
-        let options = Self::options();
+        let options = self.options();
         let default = ColumnFamilyDescriptor::new(DEFAULT_COLUMN_FAMILY_NAME, options.clone());
         let db =
             DB::open_cf_descriptors(&options, &self.dir, [default]).map_err(|e| self.err(e))?;
@@ -249,20 +353,102 @@ impl Backend for RocksBackend {
 
     fn memory_used_bytes(&self) -> u64 {
         let Ok(db) = self.db() else { return 0 };
-        [
+        let own: u64 = [
             "rocksdb.cur-size-all-mem-tables",
             "rocksdb.estimate-table-readers-mem",
-            "rocksdb.block-cache-usage",
         ]
         .iter()
         .filter_map(|p| db.property_int_value(*p).ok().flatten())
-        .sum()
+        .sum();
+        // The cache is the query's: each store counts its share, so that the stores add up.
+        let stores = self.memory.shares().0.max(1);
+        own + (self.cache.get_usage() / stores) as u64
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stores of one query draw on one memtable budget: two stores holding 7 MB each
+    /// (below their own 8 MB memtables) are over 7/8 of the two shares together, so one of
+    /// them flushes; each store's share comes and goes with it.
+    #[test]
+    fn the_stores_of_one_query_share_one_memtable_budget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let memory = RocksMemory::default();
+        let mut stores: Vec<RocksBackend> = ["a", "b"]
+            .iter()
+            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory).unwrap())
+            .collect();
+        assert_eq!(
+            memory.shares(),
+            (2, 2 * BLOCK_CACHE_BYTES, 2 * WRITE_BUFFER_BYTES)
+        );
+        let value = vec![7u8; 1024];
+        let keys: Vec<[u8; 4]> = (0u32..7 * 1024).map(u32::to_be_bytes).collect();
+        for store in &mut stores {
+            for chunk in keys.chunks(512) {
+                store
+                    .apply(&mut chunk.iter().map(|k| (&k[..], Some(&value[..]))))
+                    .unwrap();
+            }
+        }
+        let tables = |stores: &[RocksBackend]| -> u64 {
+            stores
+                .iter()
+                .map(|s| {
+                    s.db()
+                        .unwrap()
+                        .property_int_value("rocksdb.num-files-at-level0")
+                        .unwrap()
+                        .unwrap_or(0)
+                })
+                .sum()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while tables(&stores) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(tables(&stores) > 0, "no store flushed at 14 MB of 16");
+        for store in &stores {
+            assert_eq!(store.get(&keys[1234]).unwrap().as_deref(), Some(&value[..]));
+        }
+        stores.pop();
+        assert_eq!(memory.shares(), (1, BLOCK_CACHE_BYTES, WRITE_BUFFER_BYTES));
+        stores.clear();
+        assert_eq!(memory.shares(), (0, 0, 0));
+    }
+
+    /// The flush above comes from the budget, not from the data: with a third store's share in
+    /// the pool (24 MB), the same 14 MB stay in the memtables.
+    #[test]
+    fn a_larger_pool_keeps_the_same_writes_in_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let memory = RocksMemory::default();
+        let mut stores: Vec<RocksBackend> = ["a", "b", "c"]
+            .iter()
+            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory).unwrap())
+            .collect();
+        let value = vec![7u8; 1024];
+        let keys: Vec<[u8; 4]> = (0u32..7 * 1024).map(u32::to_be_bytes).collect();
+        for store in &mut stores[..2] {
+            for chunk in keys.chunks(512) {
+                store
+                    .apply(&mut chunk.iter().map(|k| (&k[..], Some(&value[..]))))
+                    .unwrap();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        for store in &stores {
+            let db = store.db().unwrap();
+            assert_eq!(
+                db.property_int_value("rocksdb.num-files-at-level0")
+                    .unwrap(),
+                Some(0)
+            );
+        }
+    }
 
     /// Snapshots written before the switch to universal compaction hold
     /// files in levels 1 to 6; they must open and read as before.
@@ -289,7 +475,8 @@ mod tests {
                 .collect();
             assert_eq!(levels[0], "0", "files left in L0: {levels:?}");
         }
-        let mut backend = RocksBackend::open(&tmp.path().join("work")).unwrap();
+        let mut backend =
+            RocksBackend::open(&tmp.path().join("work"), &RocksMemory::default()).unwrap();
         backend.reset(Some(&old)).unwrap();
         assert_eq!(
             backend.get(&7u32.to_be_bytes()).unwrap(),

@@ -10,6 +10,7 @@ fn options(kind: StoreKind) -> StateOptions {
         snapshot_interval: 3,
         min_versions_to_retain: 4,
         snapshot_min_bytes: 0,
+        ..StateOptions::default()
     }
 }
 
@@ -316,4 +317,22 @@ fn batched_lookups_see_committed_state_and_this_batch_s_writes() {
         assert_eq!(store.metrics().num_rows_total, 4, "{kind}");
         assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()), "{kind}");
     }
+}
+
+/// A query makes its options once: every store opened with them (or a clone) draws on one pool
+/// of RocksDB memory, and leaves it when dropped.
+#[test]
+fn stores_opened_with_one_options_share_its_rocksdb_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let query = options(StoreKind::RocksDb);
+    let a = StateStore::open(&tmp.path().join("a"), &query.clone()).unwrap();
+    let b = StateStore::open(&tmp.path().join("b"), &query).unwrap();
+    assert_eq!(query.rocks.shares().0, 2);
+    let other = options(StoreKind::RocksDb);
+    let c = StateStore::open(&tmp.path().join("c"), &other).unwrap();
+    assert_eq!((query.rocks.shares().0, other.rocks.shares().0), (2, 1));
+    drop(a);
+    assert_eq!(query.rocks.shares().0, 1);
+    drop((b, c));
+    assert_eq!((query.rocks.shares().0, other.rocks.shares().0), (0, 0));
 }
