@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Writes host/hot-functions.txt: the functions of Weir's executables that its queries run, which
-# the release link places together at the start of the code (host/build_link.rs).
+# Writes host/hot-functions.txt: the functions of weir-bench that the benchmark's queries run,
+# which release builds of weir and weir-bench place together at the start of their code
+# (host/build_link.rs). Most names are the same in both (the weir-host library's); a name that
+# differs is only left out of the group.
 #
 # Why: the executables hold over 100 MB of code (DataFusion, wasmtime, deltalake, RocksDB, ...)
 # and a query runs a few MB of it, scattered; the kernel maps code in blocks (read-ahead, large
-# folios), so a query's resident set held 44 MB of code it did not run (BENCHMARKS.md §8.3).
+# folios), so 51 MB of the attribution join's resident set was code, most of it not run
+# (BENCHMARKS.md §8.3).
 #
 # How: runs the benchmark's queries on small seeded inputs under valgrind's callgrind, which
 # records every function executed, and keeps those of the executable, sorted. The list names
@@ -85,3 +88,6 @@ with open(out, "w") as f:
     f.write("".join(n + "\n" for n in sorted(names)))
 print(f"{out}: {len(names)} functions")
 EOF
+# How many of the names the release weir-bench has (the others would go unplaced, silently).
+nm --defined-only "$bench" | awk '{print $3}' | sort -u >"$work/symbols"
+echo "$(comm -12 "$work/symbols" "$root/host/hot-functions.txt" | wc -l) of them in $bench"

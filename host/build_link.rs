@@ -2,37 +2,68 @@
 //! `#[path]` (the packages with executables).
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-/// Everything the package's executables are linked with: packed relocations and the hot
-/// functions grouped (`hot_functions` is the list `benches/hot_functions.sh` writes).
+/// Everything the package's executables are linked with: packed relocations and, in release
+/// builds, the hot functions grouped (`hot_functions` is the list `benches/hot_functions.sh`
+/// writes).
 pub fn link_executables(hot_functions: &Path) {
     pack_relocations();
     group_hot_functions(hot_functions);
 }
 
 /// Places the functions of `list` (one symbol a line) together at the start of the code, with
-/// lld's `--symbol-ordering-file`; names the list has but the executable lacks are skipped.
+/// lld's `--symbol-ordering-file`, in release builds; names the list has but the executable
+/// lacks are skipped.
 ///
 /// Why: the executables hold over 100 MB of code and a query runs a few MB of it. The kernel
 /// maps code in blocks (the disk's read-ahead, whole large folios), so code a query ran
-/// scattered over the whole `.text` made 44 MB of it resident; grouped, about 20 MB
-/// (`BENCHMARKS.md` §8.3). Only where the link is rust-lld's, the default for
-/// x86_64-unknown-linux-gnu, unless `RUSTFLAGS` chose another linker: GNU ld lacks the option.
+/// scattered over the whole `.text` made 51 MB of the attribution join's resident set;
+/// grouped, 23 MB (`BENCHMARKS.md` §8.3). Only where the linker takes the option: rust-lld,
+/// the default for x86_64-unknown-linux-gnu, does, GNU ld and gold do not, so an empty program
+/// is linked with it first, with the build's own flags (which may choose another linker).
 fn group_hot_functions(list: &Path) {
-    println!("cargo::rerun-if-changed={}", list.display());
-    println!("cargo::rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
-    let target = std::env::var("TARGET").unwrap_or_default();
-    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    let other_linker = flags.contains("linker") || flags.contains("link-self-contained");
-    if target != "x86_64-unknown-linux-gnu" || other_linker || !list.is_file() {
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    if !release || std::env::var("HOST") != std::env::var("TARGET") || !list.is_file() {
         return;
     }
-    println!(
-        "cargo::rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
-        list.display()
-    );
-    println!("cargo::rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+    println!("cargo::rerun-if-changed={}", list.display());
+    let args = [
+        format!("-Wl,--symbol-ordering-file={}", list.display()),
+        "-Wl,--no-warn-symbol-ordering".to_owned(),
+    ];
+    if !links_with(&args) {
+        return;
+    }
+    for arg in args {
+        println!("cargo::rustc-link-arg-bins={arg}");
+    }
+}
+
+/// Whether rustc, given the build's `RUSTFLAGS`, links an empty program with the linker
+/// arguments `args`: the linker it picks is the one that links the executables.
+fn links_with(args: &[String]) -> bool {
+    let Ok(out_dir) = std::env::var("OUT_DIR") else {
+        return false;
+    };
+    let dir = Path::new(&out_dir).join("link-probe");
+    let source = dir.join("probe.rs");
+    if std::fs::create_dir_all(&dir).is_err() || std::fs::write(&source, "fn main() {}\n").is_err()
+    {
+        return false;
+    }
+    let mut rustc = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned()));
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    rustc.args(flags.split('\x1f').filter(|f| !f.is_empty()));
+    rustc.arg(&source).arg("-o").arg(dir.join("probe"));
+    for arg in args {
+        rustc.arg("-C").arg(format!("link-arg={arg}"));
+    }
+    rustc
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Links the package's executables with packed relative relocations (`DT_RELR`) where the C

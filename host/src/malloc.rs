@@ -10,10 +10,11 @@
 //! free heap top stay mapped. Peak RSS does not grow, because the next batch reuses that
 //! memory before it would allocate more.
 //!
-//! The number of heaps is capped at one per core. glibc allows eight per core, and every thread
-//! that ever allocated (decoders, RocksDB's flushes and compactions, the plugin epoch) keeps
-//! free memory in its own; one per core leaves no thread waiting for long on a two-core host and
-//! cost the attribution join 2-3 MB less peak RSS (`BENCHMARKS.md` §8.3).
+//! The number of heaps is capped at one per core, unless the operator set `MALLOC_ARENA_MAX` or
+//! a `GLIBC_TUNABLES` arena limit. glibc allows eight per core, and each thread that allocates
+//! (decoders, RocksDB's flushes and compactions) may get a heap of its own that keeps its free
+//! memory; at one per core the attribution join peaked 2-3 MB lower, its CPU unchanged
+//! (`BENCHMARKS.md` §8.3).
 
 /// Blocks at least this large get their own mapping (glibc's largest allowed value on 64-bit).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -29,13 +30,22 @@ pub fn tune() -> bool {
     {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
+        let operator_set = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+            || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
         // SAFETY: `mallopt` only changes the allocator's parameters; called before other
         // threads exist, it races with no allocation.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-                && libc::mallopt(libc::M_ARENA_MAX, arenas) == 1
-        }
+        let taken = unsafe {
+            [
+                libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                if operator_set {
+                    1
+                } else {
+                    libc::mallopt(libc::M_ARENA_MAX, arenas)
+                },
+            ]
+        };
+        taken.iter().all(|&t| t == 1)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {

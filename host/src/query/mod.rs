@@ -401,7 +401,7 @@ impl Query {
         // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
         // expression that calls them.
         let (functions, function_plugins) = plugins::functions(&pipeline, &plugins_ctx)?;
-        let state = state_options(&pipeline.query);
+        let store_options = state_options(&pipeline.query);
         // Inputs → their own transforms → join → transforms (→ the stateful operator, below).
         let plan::Stages {
             mut transforms,
@@ -422,7 +422,7 @@ impl Query {
             &plugins_ctx,
             &functions,
             std::mem::take(&mut options.extra_transforms),
-            &state,
+            &store_options,
         )?;
         let stateful_pipeline = lowered_pipeline.as_ref().unwrap_or(&pipeline);
 
@@ -440,7 +440,7 @@ impl Query {
             stateful_pipeline,
             checkpoint.state_dir("0"),
             &schema,
-            &state,
+            &store_options,
         )?;
         if let (Some(p), Some(recorded)) = (&mut planned, &checkpoint.metadata().fingerprint) {
             p.keep_recorded_layout(recorded, &schema)?;
@@ -471,7 +471,7 @@ impl Query {
                 plugin: name.clone(),
                 num_partitions: pipeline.query.state_partitions,
                 state_dir: checkpoint.state_dir(&format!("transform-{rank}")),
-                state: state.clone(),
+                state: store_options.clone(),
             })?;
             if let Transform::Wasm(t) = &mut transforms[*i] {
                 t.attach_state(state);
