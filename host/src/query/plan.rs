@@ -258,7 +258,6 @@ fn meet(
                 .as_ref()
                 .map(|w| w.column.clone()),
         };
-        let options = state.clone();
         let join = StreamJoin::new(
             spec.clone(),
             &input(l),
@@ -266,7 +265,7 @@ fn meet(
             &StreamJoinState {
                 dir: &checkpoint.state_dir("join"),
                 partitions: pipeline.query.state_partitions,
-                options: &options,
+                options: state,
             },
         )?;
         return Ok((Arc::clone(join.output_schema()), (None, Some(join))));
@@ -382,7 +381,6 @@ pub(super) fn plan_stateful(
         query: query.name.clone(),
         message,
     };
-    let state = state.clone();
     // The rules were checked by `Query::start`; the warnings are logged for the operator.
     for warning in spec::stateful_warnings(pipeline) {
         tracing::warn!(query = %query.name, "{warning}");
@@ -408,7 +406,7 @@ pub(super) fn plan_stateful(
             watermark_column: pipeline.watermark.as_ref().map(|w| w.column.clone()),
             num_partitions: query.state_partitions,
             state_dir,
-            state,
+            state: state.clone(),
         };
         let state_schema = crate::operator::aggregate::state_schema(&config, schema)?;
         return Ok(Some(PlannedStateful {
@@ -425,7 +423,7 @@ pub(super) fn plan_stateful(
             delay_ms,
             num_partitions: query.state_partitions,
             state_dir,
-            state,
+            state: state.clone(),
             one_entry_per_key: false,
         };
         let state_schema = crate::operator::dedup::state_schema(&config, schema)?;

@@ -17,9 +17,10 @@
 //! what survives a crash and what a probe reads. Memory keeps an index of about 31 bytes a row:
 //! a 16-byte slot (sequence number, partition, flags, the low half of the key's hash, the next
 //! row of its chain), a hash-table bucket per key, and the row's event time (four bytes above
-//! its run's first) in the run the eviction walks. The rows a probe finds are read back in one batched lookup per partition and
-//! decoded column by column (`arrow-row`); two keys whose hashes share the low half share a
-//! chain, so the pairs are checked on the keys themselves once their rows are read.
+//! its run's first) in the run the eviction walks. The rows a probe finds are read back in one
+//! batched lookup per partition and decoded column by column (`arrow-row`); two keys whose
+//! hashes share the low half share a chain, so the pairs are checked on the keys themselves
+//! once their rows are read.
 //!
 //! A state entry per buffered row: key `[4 + side][sequence number]` (big-endian, so a batch's
 //! rows are appended in key order), value the row (arrow-row encoded); a row that found a match
