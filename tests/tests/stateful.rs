@@ -918,3 +918,88 @@ kind = "memory"
     }
     Ok(())
 }
+
+/// Threads change no result. A deduplication within the watermark on a composite key, over
+/// RocksDB with four state partitions, one file a batch, into Parquet files: on three threads
+/// (the next batch's file read ahead while a batch runs, the partitions' lookups, evictions
+/// and commits spread over threads, the Parquet columns encoded on threads) it writes the same
+/// files byte for byte as on one, with the same state figures and offsets batch by batch.
+#[test]
+fn threads_change_no_result() -> Result<()> {
+    let ws = Workspace::new(8, 2_500)?;
+    let text = |threads: usize| {
+        let tag = format!("threads{threads}");
+        // A short delay, so that keys expire batch after batch.
+        dedup(&tag, r#"["customer_id", "status"]"#, true)
+            .replace("delay = \"10 minutes\"", "delay = \"2 seconds\"")
+            .replace(
+                "state_store = \"memory\"",
+                &format!("state_store = \"rocksdb\"\nstate_partitions = 4\nthreads = {threads}"),
+            )
+            .replace(
+                "[sink]\nkind = \"memory\"",
+                &format!("[sink]\nkind = \"files\"\npath = \"out/{tag}\"\nformat = \"parquet\""),
+            )
+    };
+    let mut seen = Vec::new();
+    for threads in [1, 3] {
+        let summary = run(ws.path(), &text(threads)).map_err(anyhow::Error::msg)?;
+        let tag = format!("threads{threads}");
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(ws.path().join("out").join(&tag))? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            files.insert(name, std::fs::read(&path)?);
+        }
+        let figures: Vec<serde_json::Value> =
+            weir_tests::progress(&ws.path().join("checkpoints").join(&tag))?
+                .into_iter()
+                .map(|p| {
+                    let s = &p["stateOperators"][0];
+                    serde_json::json!([
+                        p["batchId"],
+                        p["numInputRows"],
+                        p["sink"]["numOutputRows"],
+                        p["sources"][0]["endOffset"],
+                        p["sources"][0]["metrics"]["numMalformedRows"],
+                        s["numRowsTotal"],
+                        s["numRowsUpdated"],
+                        s["numRowsRemoved"],
+                        s["numRowsDroppedByWatermark"],
+                    ])
+                })
+                .collect();
+        seen.push((summary.batches, summary.output_rows, files, figures));
+    }
+    let (one, three) = (&seen[0], &seen[1]);
+    // One batch per file, and a last one without data that the watermark's advance runs.
+    assert_eq!(one.0, 9);
+    assert!(one.1 > 100, "rows kept: {}", one.1);
+    assert_eq!(one.2.len(), 8, "one Parquet file per batch with rows");
+    assert_eq!(
+        three.2.keys().collect::<Vec<_>>(),
+        one.2.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &one.2 {
+        assert!(
+            three.2[name] == *bytes,
+            "{name} differs between one and three threads"
+        );
+    }
+    assert_eq!(three.3, one.3, "the batches' figures differ");
+    assert_eq!(three.1, one.1);
+    // The case is one where the partitions have work: keys stored and evicted.
+    let total = |i: usize| {
+        one.3
+            .iter()
+            .map(|f| f[i].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    assert!(total(6) > 10_000, "keys stored: {:?}", one.3);
+    assert!(total(7) > 10_000, "keys evicted: {:?}", one.3);
+    Ok(())
+}

@@ -7,6 +7,11 @@
 //! store and its commit writes version N; progress reports the keys held,
 //! the memory taken and the commit time. This is that, once; what a key and
 //! a value hold stays with each stage.
+//!
+//! The stores are independent, so work that touches each of them — loading, committing (a
+//! changelog written and synced per store), and an operator's per-partition lookups — runs
+//! on up to the query's `threads` threads ([`PartitionedState::each_store`]): a batch's state
+//! work then takes the time of its largest partition, not of their sum.
 
 use std::path::Path;
 use std::time::Instant;
@@ -59,6 +64,8 @@ pub struct PartitionedState {
     /// Since the last load or commit: keys written and removed.
     rows_updated: u64,
     rows_removed: u64,
+    /// Threads the stores are spread over.
+    threads: usize,
 }
 
 impl PartitionedState {
@@ -78,6 +85,7 @@ impl PartitionedState {
             keys_stored: vec![0; n],
             rows_updated: 0,
             rows_removed: 0,
+            threads: config.options.threads.get(),
         })
     }
 
@@ -112,9 +120,60 @@ impl PartitionedState {
         &self.stores
     }
 
-    /// Every store, in partition order, to write.
-    pub fn stores_mut(&mut self) -> &mut [StateStore] {
-        &mut self.stores
+    /// Runs `f` on every store, with the partition's number, the stores spread over the
+    /// threads (partition `p` on thread `p % threads`, this one among them; no thread is
+    /// started for one store or one thread). Returns the results in partition order, or the
+    /// error of the first partition that failed.
+    ///
+    /// # Errors
+    /// The first error `f` returned, by partition order.
+    pub fn each_store<T, E, F>(&mut self, f: F) -> Result<Vec<T>, E>
+    where
+        T: Send,
+        E: Send,
+        F: Fn(usize, &mut StateStore) -> Result<T, E> + Sync,
+    {
+        let threads = self.threads.min(self.stores.len());
+        if threads <= 1 {
+            return self
+                .stores
+                .iter_mut()
+                .enumerate()
+                .map(|(p, store)| f(p, store))
+                .collect();
+        }
+        let partitions = self.stores.len();
+        let mut groups: Vec<Vec<(usize, &mut StateStore)>> =
+            std::iter::repeat_with(Vec::new).take(threads).collect();
+        for (p, store) in self.stores.iter_mut().enumerate() {
+            groups[p % threads].push((p, store));
+        }
+        let mut results: Vec<Option<Result<T, E>>> =
+            std::iter::repeat_with(|| None).take(partitions).collect();
+        let f = &f;
+        let run = move |group: Vec<(usize, &mut StateStore)>| {
+            group
+                .into_iter()
+                .map(|(p, store)| (p, f(p, store)))
+                .collect::<Vec<_>>()
+        };
+        std::thread::scope(|scope| {
+            let mut groups = groups.into_iter();
+            let mine = groups.next().unwrap_or_default();
+            let others: Vec<_> = groups.map(|g| scope.spawn(move || run(g))).collect();
+            for (p, result) in run(mine) {
+                results[p] = Some(result);
+            }
+            for other in others {
+                let done = other
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                for (p, result) in done {
+                    results[p] = Some(result);
+                }
+            }
+        });
+        results.into_iter().flatten().collect()
     }
 
     /// Restores every store to the version committed by batch `version`
@@ -124,18 +183,19 @@ impl PartitionedState {
     /// # Errors
     /// When a store cannot be read.
     pub fn load(&mut self, version: Option<u64>) -> Result<(), StateError> {
-        for (p, store) in self.stores.iter_mut().enumerate() {
+        let count = self.count;
+        let keys = self.each_store(|_, store| {
             store.load(version)?;
-            let keys = match self.count {
+            Ok::<_, StateError>(match count {
                 KeyCount::Entries { .. } => 0,
                 KeyCount::Stored(CountEntry::BigEndian(key)) => store.get_count(key)?,
                 KeyCount::Stored(CountEntry::LittleEndian(key)) => store.get(key)?.map_or(0, |v| {
                     <[u8; 8]>::try_from(v.as_slice()).map_or(0, u64::from_le_bytes)
                 }),
-            };
-            self.keys[p] = keys;
-            self.keys_stored[p] = keys;
-        }
+            })
+        })?;
+        self.keys_stored.clone_from(&keys);
+        self.keys = keys;
         self.rows_updated = 0;
         self.rows_removed = 0;
         Ok(())
@@ -182,21 +242,22 @@ impl PartitionedState {
         rows_dropped_by_watermark: u64,
     ) -> Result<OperatorMetrics, StateError> {
         let started = Instant::now();
-        for (p, store) in self.stores.iter_mut().enumerate() {
-            if self.keys[p] != self.keys_stored[p] {
-                match self.count {
+        let (count, keys, keys_stored) = (self.count, self.keys.clone(), self.keys_stored.clone());
+        self.each_store(|p, store| {
+            if keys[p] != keys_stored[p] {
+                match count {
                     KeyCount::Entries { .. } => {}
                     KeyCount::Stored(CountEntry::BigEndian(key)) => {
-                        store.put(key, &self.keys[p].to_be_bytes())?;
+                        store.put(key, &keys[p].to_be_bytes())?;
                     }
                     KeyCount::Stored(CountEntry::LittleEndian(key)) => {
-                        store.put(key, &self.keys[p].to_le_bytes())?;
+                        store.put(key, &keys[p].to_le_bytes())?;
                     }
                 }
-                self.keys_stored[p] = self.keys[p];
             }
-            store.commit(version)?;
-        }
+            store.commit(version)
+        })?;
+        self.keys_stored = keys;
         let commit_time_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (mut entries, mut memory_used_bytes) = (0u64, 0u64);
         for store in &self.stores {

@@ -401,7 +401,7 @@ impl Query {
         // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
         // expression that calls them.
         let (functions, function_plugins) = plugins::functions(&pipeline, &plugins_ctx)?;
-        let store_options = state_options(&pipeline.query);
+        let store_options = state_options(&pipeline.query, threads);
         // Inputs → their own transforms → join → transforms (→ the stateful operator, below).
         let plan::Stages {
             mut transforms,
@@ -504,6 +504,7 @@ impl Query {
                 plugins: &plugins_ctx,
                 checkpoint: &checkpoint,
                 options: &mut options,
+                threads,
             },
         )?;
         watched.extend(sink_watched);
@@ -1585,9 +1586,10 @@ fn millis(d: Duration) -> u64 {
 
 /// How the query's state stores keep their versions (`query.state_store`); made once per query,
 /// whose stores share its RocksDB memory.
-fn state_options(query: &spec::QuerySpec) -> StateOptions {
+fn state_options(query: &spec::QuerySpec, threads: std::num::NonZeroUsize) -> StateOptions {
     StateOptions {
         kind: query.state_store,
+        threads,
         ..StateOptions::default()
     }
 }

@@ -19,6 +19,8 @@ pub(super) struct SinkContext<'a> {
     pub plugins: &'a PluginContext<'a>,
     pub checkpoint: &'a Checkpoint,
     pub options: &'a mut QueryOptions,
+    /// The query's threads, for sinks that write in parallel.
+    pub threads: std::num::NonZeroUsize,
 }
 
 /// Opens the sink of `pipeline` for rows of `schema`.
@@ -54,9 +56,9 @@ pub(super) fn open(
             )?;
             QuerySink::wasm(Box::new(PluginSink::new(plugin)))
         }
-        SinkSpec::Files { path, format } => {
-            QuerySink::native(Box::new(FilesSink::new(path.clone(), *format)?))
-        }
+        SinkSpec::Files { path, format } => QuerySink::native(Box::new(
+            FilesSink::new(path.clone(), *format)?.with_threads(ctx.threads),
+        )),
         SinkSpec::Console { max_rows } => QuerySink::native(Box::new(ConsoleSink::new(
             ctx.options
                 .console

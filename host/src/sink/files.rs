@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ use arrow_array::{
 use arrow_buffer::{NullBuffer, ScalarBuffer};
 use arrow_schema::{ArrowError, DataType, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_leaves};
 use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
@@ -134,12 +136,26 @@ pub enum SinkFileError {
 pub struct FilesWriter {
     dir: PathBuf,
     format: OutputFormat,
+    /// Threads that encode a Parquet file's columns.
+    threads: NonZeroUsize,
 }
 
 impl FilesWriter {
     /// A writer into `dir` (created on first write).
     pub fn new(dir: PathBuf, format: OutputFormat) -> Self {
-        Self { dir, format }
+        Self {
+            dir,
+            format,
+            threads: NonZeroUsize::MIN,
+        }
+    }
+
+    /// Encodes a Parquet file's columns on up to `threads` threads (one until this is
+    /// called). The file's bytes are the same whatever the count.
+    #[must_use]
+    pub fn with_threads(mut self, threads: NonZeroUsize) -> Self {
+        self.threads = threads;
+        self
     }
 
     /// The output directory.
@@ -208,7 +224,7 @@ impl FilesWriter {
         batches: &[RecordBatch],
     ) -> Result<(), SinkFileError> {
         match self.format {
-            OutputFormat::Parquet => write_parquet(file, path, schema, batches),
+            OutputFormat::Parquet => write_parquet(file, path, schema, batches, self.threads),
             OutputFormat::Json | OutputFormat::Csv => {
                 let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
                 let written = if self.format == OutputFormat::Json {
@@ -352,6 +368,7 @@ fn write_parquet(
     path: &Path,
     schema: &SchemaRef,
     batches: &[RecordBatch],
+    threads: NonZeroUsize,
 ) -> Result<(), SinkFileError> {
     let parquet_error = |source| SinkFileError::Parquet {
         file: path.to_path_buf(),
@@ -364,6 +381,30 @@ fn write_parquet(
     let props = super::dictionary::without_unpaid_dictionaries(props, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
+    let flat = schema.fields().iter().all(|f| !f.data_type().is_nested());
+    if threads.get() > 1 && flat && schema.fields().len() > 1 {
+        let (mut file_writer, factory) = writer.into_serialized_writer().map_err(parquet_error)?;
+        for (index, group) in row_groups(batches, PARQUET_ROW_GROUP_ROWS)
+            .into_iter()
+            .enumerate()
+        {
+            let writers = factory
+                .create_column_writers(index)
+                .map_err(parquet_error)?;
+            let chunks =
+                encode_columns(writers, schema, &group, threads.get()).map_err(parquet_error)?;
+            let mut row_group = file_writer.next_row_group().map_err(parquet_error)?;
+            for chunk in chunks {
+                chunk
+                    .append_to_row_group(&mut row_group)
+                    .map_err(parquet_error)?;
+            }
+            row_group.close().map_err(parquet_error)?;
+        }
+        // Writes the footer into `file`, which the caller syncs.
+        file_writer.into_inner().map_err(parquet_error)?;
+        return Ok(());
+    }
     for batch in batches {
         if batch.num_rows() == 0 {
             continue;
@@ -377,6 +418,112 @@ fn write_parquet(
     // Flushes the footer into `file`, which the caller syncs.
     writer.into_inner().map_err(parquet_error)?;
     Ok(())
+}
+
+/// `batches` cut into row groups of `max` rows, where `ArrowWriter` cuts them: a batch that
+/// would overfill a group is sliced (no copy), and empty batches are left out.
+fn row_groups(batches: &[RecordBatch], max: usize) -> Vec<Vec<RecordBatch>> {
+    let mut groups = Vec::new();
+    let mut group = Vec::new();
+    let mut rows = 0;
+    for batch in batches {
+        let mut rest = batch.clone();
+        while rest.num_rows() > 0 {
+            let take = rest.num_rows().min(max - rows);
+            group.push(rest.slice(0, take));
+            rest = rest.slice(take, rest.num_rows() - take);
+            rows += take;
+            if rows == max {
+                groups.push(std::mem::take(&mut group));
+                rows = 0;
+            }
+        }
+    }
+    if rows > 0 {
+        groups.push(group);
+    }
+    groups
+}
+
+/// Encodes the columns of one row group of a flat schema (one writer per column), the
+/// columns taken in turn by up to `threads` threads, this one among them: each column's
+/// chunk holds what `ArrowWriter` would have encoded for it, so the file is the same.
+fn encode_columns(
+    writers: Vec<ArrowColumnWriter>,
+    schema: &SchemaRef,
+    group: &[RecordBatch],
+    threads: usize,
+) -> Result<Vec<ArrowColumnChunk>, ParquetError> {
+    if writers.len() != schema.fields().len() {
+        return Err(ParquetError::General(format!(
+            "{} column writers for {} columns of a flat schema",
+            writers.len(),
+            schema.fields().len()
+        )));
+    }
+    let slots: Vec<std::sync::Mutex<Option<ArrowColumnWriter>>> = writers
+        .into_iter()
+        .map(|w| std::sync::Mutex::new(Some(w)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(slot) = slots.get(c) else {
+                return done;
+            };
+            let writer = slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            let encoded = writer
+                .ok_or_else(|| ParquetError::General(format!("column {c} taken twice")))
+                .and_then(|mut writer| {
+                    let field = schema.field(c);
+                    for batch in group {
+                        for leaf in compute_leaves(field, batch.column(c))? {
+                            writer.write(&leaf)?;
+                        }
+                    }
+                    writer.close()
+                });
+            let failed = encoded.is_err();
+            done.push((c, encoded));
+            if failed {
+                return done;
+            }
+        }
+    };
+    let mut chunks: Vec<Option<Result<ArrowColumnChunk, ParquetError>>> =
+        std::iter::repeat_with(|| None).take(slots.len()).collect();
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads.min(slots.len()))
+            .map(|_| scope.spawn(work))
+            .collect();
+        for (c, chunk) in work() {
+            chunks[c] = Some(chunk);
+        }
+        for helper in helpers {
+            let done = helper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (c, chunk) in done {
+                chunks[c] = Some(chunk);
+            }
+        }
+    });
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(c, chunk)| {
+            chunk.unwrap_or_else(|| {
+                Err(ParquetError::General(format!(
+                    "column {c} was not encoded: another column failed"
+                )))
+            })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -805,6 +952,65 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn columns_encoded_on_threads_give_the_same_parquet_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Batches large enough for several pages, with an empty one among them.
+        let large = |seed: i64| {
+            let batches: Vec<RecordBatch> = (0..40).map(|_| batch_a()).collect();
+            let mut b = concat_batches(&schema(), &batches).unwrap();
+            let ids = Int64Array::from_iter_values((0..80).map(|i| seed * 1000 + i));
+            let mut columns = b.columns().to_vec();
+            columns[0] = Arc::new(ids);
+            b = RecordBatch::try_new(schema(), columns).unwrap();
+            b
+        };
+        let batches = [large(1), batch_b().slice(0, 0), large(2), batch_b()];
+        let mut files = Vec::new();
+        for threads in [1, 2, 3, 16] {
+            let writer = FilesWriter::new(
+                tmp.path().join(format!("t{threads}")),
+                OutputFormat::Parquet,
+            )
+            .with_threads(NonZeroUsize::new(threads).unwrap());
+            let written = writer.write_batch(0, &schema(), &batches).unwrap();
+            assert_eq!(written.rows, 161);
+            files.push(std::fs::read(written.path.unwrap()).unwrap());
+        }
+        assert!(files.iter().all(|f| *f == files[0]), "the files differ");
+        // And it reads back as the rows written.
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+            bytes::Bytes::from(files.pop().unwrap()),
+            1024,
+        )
+        .unwrap();
+        let read: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();
+        let expected = concat_batches(&schema(), &batches).unwrap();
+        let read = concat_batches(&read[0].schema(), &read).unwrap();
+        assert_eq!(read.columns(), expected.columns());
+    }
+
+    #[test]
+    fn row_groups_are_cut_where_the_arrow_writer_cuts_them() {
+        let sizes = |batches: &[usize], max: usize| {
+            let batches: Vec<RecordBatch> = batches
+                .iter()
+                .map(|&n| {
+                    let all: Vec<RecordBatch> = (0..n.div_ceil(2)).map(|_| batch_a()).collect();
+                    let b = concat_batches(&schema(), &all).unwrap();
+                    b.slice(0, n)
+                })
+                .collect();
+            row_groups(&batches, max)
+                .iter()
+                .map(|g| g.iter().map(RecordBatch::num_rows).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(&[3, 0, 4, 5], 5), [vec![3, 2], vec![2, 3], vec![2]]);
+        assert_eq!(sizes(&[10], 5), [vec![5], vec![5]]);
+        assert_eq!(sizes(&[0, 0], 5), Vec::<Vec<usize>>::new());
     }
 
     #[test]

@@ -208,6 +208,13 @@ impl FilesSink {
             description,
         })
     }
+
+    /// Encodes a Parquet file's columns on up to `threads` threads.
+    #[must_use]
+    pub fn with_threads(mut self, threads: std::num::NonZeroUsize) -> Self {
+        self.writer = self.writer.with_threads(threads);
+        self
+    }
 }
 
 impl Sink for FilesSink {

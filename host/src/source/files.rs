@@ -19,6 +19,12 @@
 //! ([`ParquetDecoder`]), from the recorded bytes too (a Parquet file rewritten since no longer
 //! reads as one, and fails the batch naming it).
 //!
+//! With more than one thread, decoding is most of a small batch's work but only part of it:
+//! the operator, the sink and the commit run on one thread after it. So while they run, the
+//! other threads decode the files the next batch will most likely take ([`FilesSource::read_ahead`]).
+//! Nothing about the next batch is decided by that: its files are still chosen and recorded
+//! first, and a read-ahead of other files (or of the same names with other sizes) is dropped.
+//!
 //! The lists are input like any other: an entry naming a file outside the
 //! folder (a path, `..`), a file twice, or more bytes than the file holds is
 //! refused as [`CheckpointError::Corrupt`] naming the entry, before anything
@@ -28,7 +34,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
@@ -367,31 +374,37 @@ pub struct FilesSource {
     last_recorded: Option<u64>,
     /// Threads that decode a batch's files (this one included).
     threads: NonZeroUsize,
-    /// The other threads' decoders and read buffers, made when first needed.
+    /// The other threads' decoders and read buffers, made when first needed (lent to a
+    /// decoding under way).
     workers: Vec<(FileDecoder, Vec<u8>)>,
+    /// Files after those the last poll staged, in the order batches take them.
+    upcoming: Vec<FileEntry>,
+    /// The next batch's likely files, being decoded ([`Self::read_ahead`]).
+    ahead: Option<Decoding>,
 }
 
 /// What reading one file of a batch needs to know, shared by the threads decoding the batch.
-struct BatchFiles<'a> {
-    name: &'a str,
-    dir: &'a Path,
+#[derive(Debug, Clone)]
+struct BatchFiles {
+    name: String,
+    dir: PathBuf,
     /// The offsets entry that lists the files.
-    entry: &'a Path,
+    entry: PathBuf,
     batch_id: u64,
 }
 
-impl BatchFiles<'_> {
+impl BatchFiles {
     /// Reads `file` into `buf`.
     fn load(&self, file: &FileEntry, buf: &mut Vec<u8>) -> Result<(), SourceError> {
         let path = self.dir.join(&file.name);
         read_prefix(&path, file.size, buf).map_err(|e| match e {
             ReadError::Io(error) => SourceError::Read {
-                source_name: self.name.to_owned(),
+                source_name: self.name.clone(),
                 file: path.clone(),
                 error,
             },
             ReadError::TooLarge(actual) => SourceError::Checkpoint(CheckpointError::corrupt(
-                self.entry,
+                &self.entry,
                 format!(
                     "batch {} records {} bytes of {}, which holds {actual} bytes \
                      (the entry was altered, or the file truncated under the query)",
@@ -401,7 +414,7 @@ impl BatchFiles<'_> {
                 ),
             )),
             ReadError::Short(actual) => SourceError::Shrunk {
-                source_name: self.name.to_owned(),
+                source_name: self.name.clone(),
                 file: path.clone(),
                 batch_id: self.batch_id,
                 expected: file.size,
@@ -417,7 +430,7 @@ impl BatchFiles<'_> {
 
     fn decode_error(&self, error: DecodeError) -> SourceError {
         SourceError::Decode {
-            source_name: self.name.to_owned(),
+            source_name: self.name.clone(),
             error,
         }
     }
@@ -443,114 +456,309 @@ impl BatchFiles<'_> {
     }
 }
 
-/// Runs `job` for units `0..units` on this thread (with `decoder` and `buf`) and one thread
-/// per worker (no more than the units left for them), each taking the next unit in turn;
-/// returns each unit's result in unit order. No unit past one that failed is started, so the
-/// results up to the first error are all there.
-fn in_parallel<J>(
-    decoder: &mut FileDecoder,
-    buf: &mut Vec<u8>,
-    workers: &mut [(FileDecoder, Vec<u8>)],
-    units: usize,
-    job: J,
-) -> Vec<Option<Result<Decoded, SourceError>>>
-where
-    J: Fn(&mut FileDecoder, &mut Vec<u8>, usize) -> Result<Decoded, SourceError> + Sync,
-{
-    let next = AtomicUsize::new(0);
-    let failed_at = AtomicUsize::new(usize::MAX);
-    let work = |decoder: &mut FileDecoder, buf: &mut Vec<u8>| {
-        let mut done = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= units || i > failed_at.load(Ordering::Relaxed) {
-                return done;
-            }
-            let result = job(decoder, buf, i);
-            if result.is_err() {
-                failed_at.fetch_min(i, Ordering::Relaxed);
-            }
-            done.push((i, result));
-        }
-    };
-    let mut results: Vec<Option<Result<Decoded, SourceError>>> =
-        std::iter::repeat_with(|| None).take(units).collect();
-    // A batch of one small file is one unit: no thread is started for it.
-    let helpers = workers.len().min(units.saturating_sub(1));
-    let workers = &mut workers[..helpers];
-    std::thread::scope(|scope| {
-        let others: Vec<_> = workers
-            .iter_mut()
-            .map(|(decoder, buf)| {
-                let work = &work;
-                scope.spawn(move || work(decoder, buf))
-            })
-            .collect();
-        for (i, result) in work(decoder, buf) {
-            results[i] = Some(result);
-        }
-        for other in others {
-            let done = other
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (i, result) in done {
-                results[i] = Some(result);
-            }
-        }
-    });
-    results
+/// One unit of a [`Job`] and what decoding it gave.
+type UnitResult = (usize, Result<Decoded, SourceError>);
+
+/// A batch's files, decoded by several threads that take units of work one at a time in
+/// order: whole files, or (with fewer files than threads) parts of files that start where a
+/// batch starts ([`Decoder::parts`]), read first by whichever thread comes first. Each unit is
+/// decoded into a result of its own. No unit past one that failed is started, so the results
+/// up to the first error are all there.
+#[derive(Debug)]
+struct Job {
+    batch: BatchFiles,
+    files: Vec<FileEntry>,
+    /// Parts of files rather than whole files.
+    split: bool,
+    /// With `split`: the files read, and their parts.
+    loaded: OnceLock<Loaded>,
+    /// With `split`: the buffers to read the files into.
+    spare: Mutex<Vec<Vec<u8>>>,
+    next: AtomicUsize,
+    failed_at: AtomicUsize,
+    /// Set when the job's result is not wanted after all: no unit starts after it.
+    stop: AtomicBool,
 }
 
-/// Appends the results of [`in_parallel`] to `decoded` in order, up to the first error.
-fn join_in_order(
-    results: Vec<Option<Result<Decoded, SourceError>>>,
-    decoded: &mut Decoded,
-) -> Result<(), SourceError> {
-    for result in results {
-        match result {
-            Some(Ok(one)) => decoded.append(one),
-            Some(Err(error)) => return Err(error),
-            // Only after an error, which came first.
-            None => break,
+/// The files of a split [`Job`], read, and their parts.
+#[derive(Debug)]
+struct Loaded {
+    texts: Vec<Vec<u8>>,
+    units: Vec<(usize, Part)>,
+    origins: Vec<String>,
+    /// Why the file after the last of `texts` could not be read.
+    read_error: Mutex<Option<SourceError>>,
+}
+
+/// A lock that a thread which panicked while holding it does not spoil: what it guards is
+/// only buffers and an error, whole at every step.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Job {
+    /// Takes units on this thread, with `decoder` (and `buf` for whole files), until none is
+    /// left; returns what it decoded.
+    fn work(&self, decoder: &mut FileDecoder, buf: &mut Vec<u8>) -> Vec<UnitResult> {
+        let loaded = self
+            .split
+            .then(|| self.loaded.get_or_init(|| self.load(decoder)));
+        let units = loaded.map_or(self.files.len(), |l| l.units.len());
+        let mut done = Vec::new();
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return done;
+            }
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= units || i > self.failed_at.load(Ordering::Relaxed) {
+                return done;
+            }
+            let mut one = Decoded::default();
+            let result = match loaded {
+                None => self.batch.read(decoder, &self.files[i], buf, &mut one),
+                Some(loaded) => {
+                    let (f, part) = &loaded.units[i];
+                    decoder
+                        .decode_part(&loaded.texts[*f], part, &loaded.origins[*f], &mut one)
+                        .map_err(|error| self.batch.decode_error(error))
+                }
+            };
+            if result.is_err() {
+                self.failed_at.fetch_min(i, Ordering::Relaxed);
+            }
+            done.push((i, result.map(|()| one)));
         }
     }
-    Ok(())
+
+    /// Reads the files of a split job (up to the first that cannot be read) and cuts them
+    /// into parts.
+    fn load(&self, decoder: &FileDecoder) -> Loaded {
+        let mut spare = std::mem::take(&mut *lock(&self.spare));
+        let mut texts = Vec::with_capacity(self.files.len());
+        let mut read_error = None;
+        for file in &self.files {
+            let mut text = spare.pop().unwrap_or_default();
+            if let Err(error) = self.batch.load(file, &mut text) {
+                spare.push(text);
+                read_error = Some(error);
+                break;
+            }
+            texts.push(text);
+        }
+        *lock(&self.spare) = spare;
+        let units = (0..texts.len())
+            .flat_map(|f| decoder.parts(&texts[f]).into_iter().map(move |p| (f, p)))
+            .collect();
+        let origins = self.files[..texts.len()]
+            .iter()
+            .map(|f| self.batch.origin(f))
+            .collect();
+        Loaded {
+            texts,
+            units,
+            origins,
+            read_error: Mutex::new(read_error),
+        }
+    }
+}
+
+/// A helper thread of a [`Decoding`]: the worker it was lent, back, and what it decoded.
+type Helper = std::thread::JoinHandle<(FileDecoder, Vec<u8>, Vec<UnitResult>)>;
+
+/// A [`Job`] under way on helper threads, each with a worker's decoder and buffer. The
+/// thread that wants the batch joins in with [`Decoding::finish`]; a read-ahead that is not
+/// wanted is stopped and its workers taken back with [`Decoding::cancel`] (or on drop).
+struct Decoding {
+    job: Arc<Job>,
+    helpers: Vec<Helper>,
+}
+
+impl std::fmt::Debug for Decoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoding")
+            .field("batch_id", &self.job.batch.batch_id)
+            .field("files", &self.job.files.len())
+            .field("helpers", &self.helpers.len())
+            .finish()
+    }
+}
+
+/// A finished [`Decoding`]: each unit's result in unit order (`None` after the first error),
+/// the workers and the buffers the files were read into, to keep for the next batch.
+struct Finished {
+    results: Vec<Option<Result<Decoded, SourceError>>>,
+    read_error: Option<SourceError>,
+    workers: Vec<(FileDecoder, Vec<u8>)>,
+    buffers: Vec<Vec<u8>>,
+}
+
+impl Finished {
+    /// Appends the results to `decoded` in order, up to the first error; a file that could
+    /// not be read fails the batch after the errors of those before it.
+    fn join_in_order(&mut self, decoded: &mut Decoded) -> Result<(), SourceError> {
+        for result in std::mem::take(&mut self.results) {
+            match result {
+                Some(Ok(one)) => decoded.append(one),
+                Some(Err(error)) => return Err(error),
+                // Only after an error, which came first.
+                None => break,
+            }
+        }
+        self.read_error.take().map_or(Ok(()), Err)
+    }
+}
+
+impl Decoding {
+    /// Starts `job` on one thread per worker.
+    fn start(job: Job, workers: Vec<(FileDecoder, Vec<u8>)>) -> Self {
+        let job = Arc::new(job);
+        let helpers = workers
+            .into_iter()
+            .filter_map(|(mut decoder, mut buf)| {
+                let job = Arc::clone(&job);
+                // A thread that cannot be started leaves its units to the others (and its
+                // worker is made again for the next batch).
+                std::thread::Builder::new()
+                    .name("weir-decode".into())
+                    .spawn(move || {
+                        let done = job.work(&mut decoder, &mut buf);
+                        (decoder, buf, done)
+                    })
+                    .ok()
+            })
+            .collect();
+        Self { job, helpers }
+    }
+
+    /// Whether this decodes exactly `files`.
+    fn decodes(&self, files: &[FileEntry]) -> bool {
+        self.job.files == files
+    }
+
+    /// Takes units on this thread (with `decoder` and `buf`) until none is left, then waits
+    /// for the helpers.
+    fn finish(mut self, decoder: &mut FileDecoder, buf: &mut Vec<u8>) -> Finished {
+        let mine = self.job.work(decoder, buf);
+        self.join(Some(mine))
+    }
+
+    /// Stops the job after the units under way and takes its workers back.
+    fn cancel(mut self) -> Vec<(FileDecoder, Vec<u8>)> {
+        self.job.stop.store(true, Ordering::Relaxed);
+        self.join(None).workers
+    }
+
+    fn join(&mut self, mine: Option<Vec<UnitResult>>) -> Finished {
+        let mut workers = Vec::with_capacity(self.helpers.len());
+        let mut done = mine.unwrap_or_default();
+        for helper in self.helpers.drain(..) {
+            let (decoder, buf, theirs) = helper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            workers.push((decoder, buf));
+            done.extend(theirs);
+        }
+        let units = done.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
+        let mut results: Vec<Option<Result<Decoded, SourceError>>> =
+            std::iter::repeat_with(|| None).take(units).collect();
+        for (i, result) in done {
+            results[i] = Some(result);
+        }
+        // The helpers are gone, so the job is this thread's alone (short of a helper that
+        // could not be started, whose closure was dropped with its reference).
+        let (buffers, read_error) = match Arc::get_mut(&mut self.job) {
+            Some(job) => {
+                let mut buffers =
+                    std::mem::take(job.spare.get_mut().unwrap_or_else(|p| p.into_inner()));
+                let mut read_error = None;
+                if let Some(loaded) = job.loaded.take() {
+                    buffers.extend(loaded.texts);
+                    read_error = loaded
+                        .read_error
+                        .into_inner()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                (buffers, read_error)
+            }
+            None => (Vec::new(), None),
+        };
+        Finished {
+            results,
+            read_error,
+            workers,
+            buffers,
+        }
+    }
+}
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        if !self.helpers.is_empty() {
+            self.job.stop.store(true, Ordering::Relaxed);
+            self.join(None);
+        }
+    }
 }
 
 /// A read buffer larger than this is released after its batch.
 const KEEP_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 
+/// A read-ahead decodes at most this many bytes of files.
+const READ_AHEAD_BYTES: u64 = 256 * 1024 * 1024;
+
 impl FilesSource {
     /// Reads and decodes the files of one batch, as the source log entry
     /// `entry` lists them (already checked by [`FilesLogEntry::check`]).
     ///
-    /// With more than one thread, the threads take units of work one at a time in order:
-    /// whole files when there are at least as many files as threads, otherwise parts of
-    /// files that start where a batch starts ([`Decoder::parts`]). Each unit is decoded into
-    /// a result of its own, and the results are joined in order, so the batch's rows, its
-    /// sub-batches, counts, dead letters and first error are those of one thread reading
-    /// the files in turn.
+    /// With more than one thread, the files are a [`Job`] for every thread: the batch's
+    /// rows, its sub-batches, counts, dead letters and first error are those of one thread
+    /// reading the files in turn. A read-ahead of the same files ([`Self::read_ahead`]) is
+    /// finished instead of starting again; one that failed is dropped, and the files read
+    /// again here, so that an error is always this batch's own.
     fn read_files(
         &mut self,
         files: &[FileEntry],
-        entry: &Path,
-        batch_id: u64,
+        batch: BatchFiles,
         buf: &mut Vec<u8>,
         decoded: &mut Decoded,
     ) -> Result<(), SourceError> {
-        let batch = BatchFiles {
-            name: &self.name,
-            dir: &self.dir,
-            entry,
-            batch_id,
-        };
-        let threads = self.threads.get();
-        if threads <= 1 || files.is_empty() {
+        match self.ahead.take() {
+            Some(ahead) if ahead.decodes(files) => {
+                let mut finished = ahead.finish(&mut self.decoder, buf);
+                let ok = finished.read_error.is_none()
+                    && finished.results.iter().all(|r| matches!(r, Some(Ok(_))));
+                if ok {
+                    let result = finished.join_in_order(decoded);
+                    self.keep(finished, buf);
+                    return result;
+                }
+                finished.results.clear();
+                finished.read_error = None;
+                self.keep(finished, buf);
+            }
+            Some(ahead) => {
+                self.workers.extend(ahead.cancel());
+            }
+            None => {}
+        }
+        if self.threads.get() <= 1 || files.is_empty() {
             for file in files {
                 batch.read(&mut self.decoder, file, buf, decoded)?;
             }
             return Ok(());
         }
+        let decoding = self.start(batch, files.to_vec(), buf);
+        let mut finished = decoding.finish(&mut self.decoder, buf);
+        let result = finished.join_in_order(decoded);
+        self.keep(finished, buf);
+        result
+    }
+
+    /// Starts decoding `files` on the other threads.
+    fn start(&mut self, batch: BatchFiles, files: Vec<FileEntry>, buf: &mut Vec<u8>) -> Decoding {
+        let threads = self.threads.get();
         let lines = matches!(self.decoder, FileDecoder::Lines(_));
         let split = lines && files.len() < threads;
         let used = if split {
@@ -561,22 +769,79 @@ impl FilesSource {
         while self.workers.len() < used - 1 {
             self.workers.push((self.decoder.fork(), Vec::new()));
         }
-        let workers = &mut self.workers[..used - 1];
-        let result = if split {
-            read_parts(&batch, files, &mut self.decoder, buf, workers, decoded)
-        } else {
-            let results = in_parallel(&mut self.decoder, buf, workers, files.len(), |d, b, i| {
-                let mut one = Decoded::default();
-                batch.read(d, &files[i], b, &mut one).map(|()| one)
-            });
-            join_in_order(results, decoded)
-        };
-        for (_, buf) in &mut self.workers {
-            if buf.capacity() > KEEP_BUFFER_BYTES {
-                *buf = Vec::new();
-            }
+        let mut workers: Vec<_> = self.workers.drain(..used - 1).collect();
+        // Parts of files are decoded from the files' bytes: the threads' buffers hold them.
+        let mut spare = Vec::new();
+        if split {
+            spare.push(std::mem::take(buf));
+            spare.extend(workers.iter_mut().map(|(_, b)| std::mem::take(b)));
         }
-        result
+        Decoding::start(
+            Job {
+                batch,
+                files,
+                split,
+                loaded: OnceLock::new(),
+                spare: Mutex::new(spare),
+                next: AtomicUsize::new(0),
+                failed_at: AtomicUsize::new(usize::MAX),
+                stop: AtomicBool::new(false),
+            },
+            workers,
+        )
+    }
+
+    /// Takes back a finished job's workers and buffers; buffers above
+    /// [`KEEP_BUFFER_BYTES`] are released.
+    fn keep(&mut self, finished: Finished, buf: &mut Vec<u8>) {
+        let mut buffers = finished
+            .buffers
+            .into_iter()
+            .filter(|b| b.capacity() > 0 && b.capacity() <= KEEP_BUFFER_BYTES);
+        if buf.capacity() == 0 {
+            *buf = buffers.next().unwrap_or_default();
+        }
+        for (decoder, mut b) in finished.workers {
+            if b.capacity() > KEEP_BUFFER_BYTES {
+                b = Vec::new();
+            }
+            if b.capacity() == 0 {
+                b = buffers.next().unwrap_or_default();
+            }
+            self.workers.push((decoder, b));
+        }
+    }
+
+    /// Starts decoding the files the next batch will most likely take, on the other threads,
+    /// while the query runs this batch: the first files after this batch's in the last
+    /// listing (all of them when the trigger froze the listing). Only with more than one
+    /// thread, a cap on the files a batch takes, and at most [`READ_AHEAD_BYTES`] of them;
+    /// the next batch uses it only if it takes exactly those files.
+    fn read_ahead(&mut self, checkpoint: &Checkpoint, batch_id: u64) {
+        let Some(max) = self.max_files else { return };
+        let next: Vec<FileEntry> = self
+            .upcoming
+            .iter()
+            .filter(|f| !self.seen.contains(&f.name))
+            .take(max.get())
+            .cloned()
+            .collect();
+        if self.threads.get() <= 1
+            || next.is_empty()
+            || next.iter().map(|f| f.size).sum::<u64>() > READ_AHEAD_BYTES
+        {
+            return;
+        }
+        let batch = BatchFiles {
+            name: self.name.clone(),
+            dir: self.dir.clone(),
+            entry: checkpoint.offsets().entry_path(batch_id + 1),
+            batch_id: batch_id + 1,
+        };
+        let mut buf = std::mem::take(&mut self.buf);
+        let decoding = self.start(batch, next, &mut buf);
+        self.buf = buf;
+        self.ahead = Some(decoding);
     }
 
     /// Opens the source, learning from the checkpoint which files earlier
@@ -667,6 +932,8 @@ impl FilesSource {
             last_recorded: None,
             threads: NonZeroUsize::MIN,
             workers: Vec::new(),
+            upcoming: Vec::new(),
+            ahead: None,
         })
     }
 
@@ -753,7 +1020,7 @@ impl Source for FilesSource {
         };
         self.backlog = candidates.len();
         self.staged = candidates;
-        self.staged.truncate(n);
+        self.upcoming = self.staged.split_off(n);
         Ok(n as u64)
     }
 
@@ -799,13 +1066,20 @@ impl Source for FilesSource {
         recorded: &Recorded,
     ) -> Result<SourceBatch, SourceError> {
         let (files, entry) = self.planned(checkpoint, batch_id, recorded)?;
+        let batch = BatchFiles {
+            name: self.name.clone(),
+            dir: self.dir.clone(),
+            entry,
+            batch_id,
+        };
         let mut decoded = Decoded::default();
         let mut buf = std::mem::take(&mut self.buf);
-        let result = self.read_files(&files, &entry, batch_id, &mut buf, &mut decoded);
+        let result = self.read_files(&files, batch, &mut buf, &mut decoded);
         if buf.capacity() <= KEEP_BUFFER_BYTES {
             self.buf = buf;
         }
         result?;
+        self.read_ahead(checkpoint, batch_id);
         let mut metrics = BTreeMap::new();
         metrics.insert("numFiles", files.len().to_string());
         metrics.insert("numMalformedRows", decoded.num_malformed.to_string());
@@ -891,53 +1165,6 @@ impl Source for FilesSource {
             })
             .collect())
     }
-}
-
-/// Fewer files than threads: reads them all (into `buf` and the workers' buffers, one file
-/// each), splits each into parts, and decodes the parts on all threads. (The caller keeps
-/// Parquet files, which are one part each, to `in_parallel` over whole files.)
-fn read_parts(
-    batch: &BatchFiles<'_>,
-    files: &[FileEntry],
-    decoder: &mut FileDecoder,
-    buf: &mut Vec<u8>,
-    workers: &mut [(FileDecoder, Vec<u8>)],
-    decoded: &mut Decoded,
-) -> Result<(), SourceError> {
-    // One buffer per file: `files.len()` is below the thread count, so there are enough.
-    let mut texts: Vec<Vec<u8>> = std::iter::once(std::mem::take(buf))
-        .chain(workers.iter_mut().map(|(_, b)| std::mem::take(b)))
-        .take(files.len())
-        .collect();
-    let mut read_error = None;
-    let mut loaded = 0;
-    for (file, text) in files.iter().zip(&mut texts) {
-        if let Err(error) = batch.load(file, text) {
-            read_error = Some(error);
-            break;
-        }
-        loaded += 1;
-    }
-    let units: Vec<(usize, Part)> = (0..loaded)
-        .flat_map(|f| decoder.parts(&texts[f]).into_iter().map(move |p| (f, p)))
-        .collect();
-    let origins: Vec<String> = files[..loaded].iter().map(|f| batch.origin(f)).collect();
-    let results = in_parallel(decoder, &mut Vec::new(), workers, units.len(), |d, _, i| {
-        let (f, part) = &units[i];
-        let mut one = Decoded::default();
-        d.decode_part(&texts[*f], part, &origins[*f], &mut one)
-            .map(|()| one)
-            .map_err(|error| batch.decode_error(error))
-    });
-    // The buffers back where they came from, kept for the next batch.
-    let mut texts = texts.into_iter();
-    *buf = texts.next().unwrap_or_default();
-    for ((_, b), text) in workers.iter_mut().zip(texts) {
-        *b = text;
-    }
-    join_in_order(results, decoded)?;
-    // A file that could not be read fails the batch after the errors of those before it.
-    read_error.map_or(Ok(()), Err)
 }
 
 enum ReadError {
@@ -1271,6 +1498,177 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A batch's rows as JSON, its input and malformed counts and its sub-batches' sizes, or
+    /// its error.
+    type BatchOutcome = Result<(Vec<serde_json::Value>, u64, u64, Vec<u64>), String>;
+
+    /// Each batch of a source taking one file a batch from `texts` (named `f0.json`, ...),
+    /// read with `policy` on `threads` threads: its rows as JSON and its counts, or the
+    /// error. `between(n, dir)` runs after batch `n` was read, before batch `n + 1` is planned;
+    /// `frozen`: as with `available-now`, the files listed at the start.
+    fn read_one_a_batch(
+        texts: &[String],
+        threads: usize,
+        frozen: bool,
+        policy: MalformedPolicy,
+        between: impl Fn(&FilesSource, u64, &Path),
+    ) -> Vec<BatchOutcome> {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        for (f, text) in texts.iter().enumerate() {
+            let path = input.join(format!("f{f}.json"));
+            std::fs::write(&path, text).unwrap();
+            // Oldest first, in name order.
+            let mtime = std::time::SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(1_000_000 + f as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(mtime)
+                .unwrap();
+        }
+        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let options = DecoderOptions {
+            policy,
+            batch_size: 1000,
+            ..DecoderOptions::default()
+        };
+        let mut source = FilesSource::open(
+            "orders".into(),
+            0,
+            input.clone(),
+            NonZeroUsize::new(1),
+            Decoder::new(schema, options).unwrap(),
+            None,
+            &checkpoint,
+            None,
+        )
+        .unwrap()
+        .with_threads(NonZeroUsize::new(threads).unwrap());
+        if frozen {
+            source.freeze_available().unwrap();
+        }
+        let mut out = Vec::new();
+        for n in 0.. {
+            if source.poll(&checkpoint, false).unwrap() == 0 {
+                break;
+            }
+            plan(&mut source, &checkpoint, n);
+            let read = source.read(&checkpoint, n, &recorded(&checkpoint, n));
+            out.push(
+                read.map(|batch| {
+                    let decoded = batch.decoded;
+                    let mut rows = Vec::new();
+                    for b in &decoded.batches {
+                        let mut json = arrow_json::ArrayWriter::new(Vec::new());
+                        json.write(b).unwrap();
+                        json.finish().unwrap();
+                        rows.extend(
+                            serde_json::from_slice::<Vec<serde_json::Value>>(&json.into_inner())
+                                .unwrap(),
+                        );
+                    }
+                    let sizes = decoded
+                        .batches
+                        .iter()
+                        .map(|b| b.num_rows() as u64)
+                        .collect();
+                    (rows, decoded.num_input_rows, decoded.num_malformed, sizes)
+                })
+                .map_err(|e| e.to_string().replace(&input.display().to_string(), "IN")),
+            );
+            between(&source, n, &input);
+        }
+        out
+    }
+
+    /// Five files of 1 to 3 MB (so that two threads split each into parts), the third with a
+    /// malformed line.
+    fn five_files() -> Vec<String> {
+        (0..5)
+            .map(|f| {
+                let mut text = String::new();
+                for r in 0..(60_000 + f * 30_000) {
+                    if f == 2 && r == 40_000 {
+                        text.push_str("{\"id\": oops}\n");
+                    }
+                    text.push_str(&format!("{{\"id\":{}}}\n", f * 1_000_000 + r));
+                }
+                text
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_next_batch_is_decoded_ahead_as_it_would_be_read() {
+        let texts = five_files();
+        for policy in [MalformedPolicy::Permissive, MalformedPolicy::Fail] {
+            let one = read_one_a_batch(&texts, 1, true, policy, |source, _, _| {
+                assert!(source.ahead.is_none(), "one thread reads nothing ahead");
+            });
+            let two = read_one_a_batch(&texts, 2, true, policy, |source, n, _| {
+                // After each batch but the last, the next file is being decoded.
+                let ahead = source.ahead.as_ref().map(|a| a.job.files[0].name.clone());
+                let want = (n < 4).then(|| format!("f{}.json", n + 1));
+                if policy == MalformedPolicy::Permissive || n < 2 {
+                    assert_eq!(ahead, want, "after batch {n}");
+                }
+            });
+            assert_eq!(two, one, "{policy:?}");
+            if policy == MalformedPolicy::Fail {
+                // Batch 2 fails on its own line, read ahead or not.
+                let err = one[2].as_ref().unwrap_err();
+                assert!(err.contains("IN/f2.json:40001"), "{err}");
+            } else {
+                let (rows, input, malformed, _) = one[2].as_ref().unwrap();
+                assert_eq!((*input, *malformed), (120_001, 1));
+                assert_eq!(rows.len(), 120_001);
+                assert_eq!(one[4].as_ref().unwrap().0[0]["id"], 4_000_000);
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_ahead_of_files_the_batch_does_not_take_is_dropped() {
+        let texts = five_files();
+        // Listed anew each batch, as with a processing-time trigger.
+        let grown = read_one_a_batch(
+            &texts,
+            2,
+            false,
+            MalformedPolicy::Permissive,
+            |source, n, dir| {
+                if n == 0 {
+                    // f1.json is being read ahead; it grows before batch 1 is planned, so batch 1
+                    // takes more bytes of it than were read ahead.
+                    assert!(
+                        source
+                            .ahead
+                            .as_ref()
+                            .is_some_and(|a| a.decodes(&a.job.files))
+                    );
+                    let mut file = std::fs::File::options()
+                        .append(true)
+                        .open(dir.join("f1.json"))
+                        .unwrap();
+                    std::io::Write::write_all(&mut file, b"{\"id\":-1}\n").unwrap();
+                    file.set_modified(
+                        std::time::SystemTime::UNIX_EPOCH
+                            + std::time::Duration::from_secs(1_000_001),
+                    )
+                    .unwrap();
+                }
+            },
+        );
+        let (rows, input, _, _) = grown[1].as_ref().unwrap();
+        assert_eq!(*input, 90_001);
+        assert_eq!(rows.last().unwrap()["id"], -1);
+        assert_eq!(grown.len(), 5);
     }
 
     #[test]

@@ -114,8 +114,10 @@ pub struct QuerySpec {
     pub state_partitions: u32,
     /// `watermark_policy`: how the watermarks of several inputs combine (default min).
     pub watermark_policy: WatermarkPolicy,
-    /// `threads`: how many threads decode a batch's files; `None` (the default): as many as
-    /// the machine has cores. It changes no result, so the fingerprint leaves it out.
+    /// `threads`: how many threads decode a batch's files (and read the next batch's ahead),
+    /// work on the state partitions, and encode a Parquet file's columns; `None` (the
+    /// default): as many as the machine has cores. It changes no result, so the fingerprint
+    /// leaves it out.
     pub threads: Option<NonZeroUsize>,
 }
 

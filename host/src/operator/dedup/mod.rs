@@ -167,12 +167,6 @@ struct Scratch {
     ends: Vec<usize>,
     /// Row ids (in the batch) of first occurrences, with their partitions.
     candidates: Vec<(u32, u32)>,
-    /// Whether the state holds each key of one partition's lookup.
-    found: Vec<bool>,
-    /// Within-watermark index key being built.
-    index_key: Vec<u8>,
-    /// State keys found by an eviction scan.
-    expired: Vec<Vec<u8>>,
     /// Integer-set layout: (ordered value, row) of every keyed row.
     values: Vec<(u64, u32)>,
     /// Integer-set layout: per bucket touched, its key, partition and the

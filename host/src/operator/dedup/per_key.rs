@@ -86,15 +86,12 @@ impl DedupOperator {
 
         // Pass 3: per partition, one batched state lookup of its distinct
         // keys in key order (RocksDB then searches each table once for the
-        // whole lookup); store the new ones.
-        let mut keep = BooleanBufferBuilder::new(n);
-        keep.append_n(n, false);
+        // whole lookup); store the new ones. The partitions run on the
+        // query's threads.
         let Scratch {
             keys,
             ends,
             candidates,
-            found,
-            index_key,
             ..
         } = scratch;
         let key_of = |row: u32| {
@@ -104,46 +101,58 @@ impl DedupOperator {
         };
         // Stable: keys mostly arrive ascending, and its merge sort finds those runs.
         candidates.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| key_of(a.0).cmp(key_of(b.0))));
+        let mut parts: Vec<&[(u32, u32)]> = vec![&[]; self.state.partitions()];
         for part in candidates.chunk_by(|a, b| a.1 == b.1) {
-            let store = self.state.store_mut(part[0].1 as usize);
-            let mut added = 0;
-            let lookup: Vec<&[u8]> = part.iter().map(|&(row, _)| key_of(row)).collect();
-            store
-                .contains_many(&lookup, true, found)
-                .map_err(|e| state_error(self.name, e))?;
-            for (&(row, _), (&key, &present)) in part.iter().zip(lookup.iter().zip(found.iter())) {
-                if present {
-                    continue;
+            parts[part[0].1 as usize] = part;
+        }
+        let expiry = self.expiry;
+        let new_rows = self
+            .state
+            .each_store(|p, store| {
+                let part = parts[p];
+                let mut new = Vec::new();
+                if part.is_empty() {
+                    return Ok(new);
                 }
-                let row = row as usize;
-                keep.set_bit(row, true);
-                added += 1;
-                match self.expiry {
-                    Expiry::Never | Expiry::EventTimeKey => {
-                        store
-                            .put_new(key, &[])
-                            .map_err(|e| state_error(self.name, e))?;
+                let lookup: Vec<&[u8]> = part.iter().map(|&(row, _)| key_of(row)).collect();
+                let mut found = Vec::with_capacity(lookup.len());
+                store.contains_many(&lookup, true, &mut found)?;
+                let mut index_key = Vec::new();
+                for (&(row, _), (&key, &present)) in
+                    part.iter().zip(lookup.iter().zip(found.iter()))
+                {
+                    if present {
+                        continue;
                     }
-                    Expiry::WithinWatermark { delay_micros } => {
-                        // Spark reads a null event time as 0 (`UnsafeRow.getLong`).
-                        let ts = event_times
-                            .filter(|ts| ts.is_valid(row))
-                            .map_or(0, |ts| ts.value(row));
-                        let expires_at = ts.saturating_add(delay_micros);
-                        store
-                            .put_new(key, &expires_at.to_be_bytes())
-                            .map_err(|e| state_error(self.name, e))?;
-                        index_key.clear();
-                        index_key.push(PREFIX_EXPIRY);
-                        index_key.extend_from_slice(&flip_i64(expires_at));
-                        index_key.extend_from_slice(&key[1..]);
-                        store
-                            .put(index_key, &[])
-                            .map_err(|e| state_error(self.name, e))?;
+                    new.push(row);
+                    match expiry {
+                        Expiry::Never | Expiry::EventTimeKey => store.put_new(key, &[])?,
+                        Expiry::WithinWatermark { delay_micros } => {
+                            // Spark reads a null event time as 0 (`UnsafeRow.getLong`).
+                            let row = row as usize;
+                            let ts = event_times
+                                .filter(|ts| ts.is_valid(row))
+                                .map_or(0, |ts| ts.value(row));
+                            let expires_at = ts.saturating_add(delay_micros);
+                            store.put_new(key, &expires_at.to_be_bytes())?;
+                            index_key.clear();
+                            index_key.push(PREFIX_EXPIRY);
+                            index_key.extend_from_slice(&flip_i64(expires_at));
+                            index_key.extend_from_slice(&key[1..]);
+                            store.put(&index_key, &[])?;
+                        }
                     }
                 }
+                Ok(new)
+            })
+            .map_err(|e| state_error(self.name, e))?;
+        let mut keep = BooleanBufferBuilder::new(n);
+        keep.append_n(n, false);
+        for rows in new_rows {
+            self.state.updated(rows.len() as u64);
+            for row in rows {
+                keep.set_bit(row as usize, true);
             }
-            self.state.updated(added);
         }
         Ok(keep.finish())
     }
@@ -169,51 +178,35 @@ impl DedupOperator {
         Some((vec![first], end))
     }
 
-    /// Removes what `watermark_ms` expires from every partition.
+    /// Removes what `watermark_ms` expires from every partition, the partitions on the
+    /// query's threads.
     pub(super) fn evict(&mut self, watermark_ms: i64) -> Result<(), StateError> {
         let Some((start, end)) = self.expired_range(watermark_ms) else {
             return Ok(());
         };
-        let mut expired = std::mem::take(&mut self.scratch.expired);
-        let mut primary = std::mem::take(&mut self.scratch.index_key);
-        let mut result = Ok(());
-        let mut removed = 0;
-        for store in self.state.stores_mut() {
-            expired.clear();
-            result = store.scan(&start, Some(&end), &mut |key, _| {
+        let within = matches!(self.expiry, Expiry::WithinWatermark { .. });
+        let removed = self.state.each_store(|_, store| {
+            let mut expired = Vec::new();
+            store.scan(&start, Some(&end), &mut |key, _| {
                 expired.push(key.to_vec());
                 Ok(true)
-            });
-            if result.is_err() {
-                break;
-            }
+            })?;
+            let mut primary = Vec::new();
             for key in &expired {
-                if let Err(e) = store.delete(key) {
-                    result = Err(e);
-                    break;
-                }
-                if matches!(self.expiry, Expiry::WithinWatermark { .. }) {
+                store.delete(key)?;
+                if within {
                     // The index entry's key ends with the primary key
                     // without its prefix.
                     primary.clear();
                     primary.push(PREFIX_PRIMARY);
                     primary.extend_from_slice(key.get(EXPIRY_HEAD..).unwrap_or_default());
-                    if let Err(e) = store.delete(&primary) {
-                        result = Err(e);
-                        break;
-                    }
+                    store.delete(&primary)?;
                 }
-                removed += 1;
             }
-            if result.is_err() {
-                break;
-            }
-        }
-        self.state.removed(removed);
-        expired.clear();
-        self.scratch.expired = expired;
-        self.scratch.index_key = primary;
-        result
+            Ok::<_, StateError>(expired.len() as u64)
+        })?;
+        self.state.removed(removed.iter().sum());
+        Ok(())
     }
 }
 

@@ -813,3 +813,72 @@ fn a_checkpoint_written_before_integer_sets_keeps_one_entry_per_key() {
     );
     assert!(!c.one_entry_per_key);
 }
+
+/// Per-key state on four partitions spread over three threads keeps, evicts, counts and
+/// restores exactly what one thread does: for every eviction rule, over batches of repeated
+/// and late keys, with a restart from a committed version in the middle.
+#[test]
+fn partitions_on_threads_keep_what_one_thread_keeps() {
+    let statuses = ["a", "b", "c", "d", "e"];
+    let mut rng = Xorshift(0x5eed_1234_abcd_0042);
+    let batches: Vec<Vec<Row>> = (0..12i64)
+        .map(|b| {
+            (0..300)
+                .map(|_| {
+                    let id = (rng.next() % 400) as i64;
+                    let status = statuses[(rng.next() % 5) as usize];
+                    // Event times around the batch's minute, some far behind it.
+                    let back = (rng.next() % 30) as i64;
+                    let t = (b * 3 + 20 - back.min(b * 3 + 20)) * MIN;
+                    let t = (!rng.next().is_multiple_of(50)).then_some(t);
+                    (Some(id), Some(status), t)
+                })
+                .collect()
+        })
+        .collect();
+    let cases: [(&[&str], bool); 3] = [
+        (&["order_id", "status"], false),
+        (&["order_id", "occurred_at"], false),
+        (&["status", "order_id"], true),
+    ];
+    for (keys, within) in cases {
+        let run = |threads: usize| {
+            let dir = TempDir::new().expect("tempdir");
+            let mut cfg = config(dir.path(), keys, true);
+            cfg.within_watermark = within;
+            cfg.num_partitions = 4;
+            cfg.state.kind = StoreKind::RocksDb;
+            cfg.state.threads = std::num::NonZeroUsize::new(threads).unwrap();
+            let mut op = open(cfg.clone(), None);
+            let mut seen = Vec::new();
+            for (id, rows) in batches.iter().enumerate() {
+                let id = id as u64;
+                if id == 7 {
+                    // A restart: the state of batch 6 loads on every thread.
+                    drop(op);
+                    op = open(cfg.clone(), Some(6));
+                }
+                let wm = (id as i64 * 3 + 5) * MIN_MS;
+                let (out, m) = step(&mut op, id, wm - 3 * MIN_MS, wm, &[rows.as_slice()]);
+                seen.push((
+                    out,
+                    m.num_rows_total,
+                    m.num_rows_updated,
+                    m.num_rows_removed,
+                    m.num_rows_dropped_by_watermark,
+                ));
+            }
+            seen
+        };
+        let one = run(1);
+        assert_eq!(run(3), one, "{keys:?}, within watermark: {within}");
+        // The case does what it is meant to: keys kept, some evicted, some late.
+        assert!(
+            one.iter().map(|s| s.0.len()).sum::<usize>() > 1000,
+            "{keys:?}"
+        );
+        let evicts = within || keys.contains(&"occurred_at");
+        assert_eq!(one.iter().any(|s| s.3 > 0), evicts, "{keys:?}: evicted");
+        assert!(one.iter().any(|s| s.4 > 0), "{keys:?}: nothing late");
+    }
+}
