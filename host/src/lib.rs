@@ -48,4 +48,5 @@ pub mod source;
 pub mod spec;
 pub mod sql;
 pub mod state;
+pub mod threads;
 pub mod watermark;

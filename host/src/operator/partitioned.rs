@@ -10,8 +10,9 @@
 //!
 //! The stores are independent, so work that touches each of them — loading, committing (a
 //! changelog written and synced per store), and an operator's per-partition lookups — runs
-//! on up to the query's `threads` threads ([`PartitionedState::each_store`]): a batch's state
-//! work then takes the time of its largest partition, not of their sum.
+//! on the query's free threads, a partition at a time ([`PartitionedState::each_store`]):
+//! with as many threads as partitions, a batch's state work takes the time of its largest
+//! partition, not of their sum.
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,6 +20,7 @@ use std::time::Instant;
 use crate::operator::key_encoding::fnv1a;
 use crate::operator::stateful::OperatorMetrics;
 use crate::state::{StateError, StateOptions, StateStore};
+use crate::threads::Threads;
 
 /// How a stage's keys are counted for `numRowsTotal`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +66,8 @@ pub struct PartitionedState {
     /// Since the last load or commit: keys written and removed.
     rows_updated: u64,
     rows_removed: u64,
-    /// Threads the stores are spread over.
-    threads: usize,
+    /// The query's threads, which the stores are spread over.
+    threads: Threads,
 }
 
 impl PartitionedState {
@@ -85,7 +87,7 @@ impl PartitionedState {
             keys_stored: vec![0; n],
             rows_updated: 0,
             rows_removed: 0,
-            threads: config.options.threads.get(),
+            threads: config.options.threads.clone(),
         })
     }
 
@@ -120,10 +122,9 @@ impl PartitionedState {
         &self.stores
     }
 
-    /// Runs `f` on every store, with the partition's number, the stores spread over the
-    /// threads (partition `p` on thread `p % threads`, this one among them; no thread is
-    /// started for one store or one thread). Returns the results in partition order, or the
-    /// error of the first partition that failed.
+    /// Runs `f` on every store, with the partition's number, on this thread and the query's
+    /// free threads ([`Threads::try_map`]). Returns the results in partition order, or the
+    /// error of the first partition that failed (no partition after it starts).
     ///
     /// # Errors
     /// The first error `f` returned, by partition order.
@@ -133,47 +134,8 @@ impl PartitionedState {
         E: Send,
         F: Fn(usize, &mut StateStore) -> Result<T, E> + Sync,
     {
-        let threads = self.threads.min(self.stores.len());
-        if threads <= 1 {
-            return self
-                .stores
-                .iter_mut()
-                .enumerate()
-                .map(|(p, store)| f(p, store))
-                .collect();
-        }
-        let partitions = self.stores.len();
-        let mut groups: Vec<Vec<(usize, &mut StateStore)>> =
-            std::iter::repeat_with(Vec::new).take(threads).collect();
-        for (p, store) in self.stores.iter_mut().enumerate() {
-            groups[p % threads].push((p, store));
-        }
-        let mut results: Vec<Option<Result<T, E>>> =
-            std::iter::repeat_with(|| None).take(partitions).collect();
-        let f = &f;
-        let run = move |group: Vec<(usize, &mut StateStore)>| {
-            group
-                .into_iter()
-                .map(|(p, store)| (p, f(p, store)))
-                .collect::<Vec<_>>()
-        };
-        std::thread::scope(|scope| {
-            let mut groups = groups.into_iter();
-            let mine = groups.next().unwrap_or_default();
-            let others: Vec<_> = groups.map(|g| scope.spawn(move || run(g))).collect();
-            for (p, result) in run(mine) {
-                results[p] = Some(result);
-            }
-            for other in others {
-                let done = other
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                for (p, result) in done {
-                    results[p] = Some(result);
-                }
-            }
-        });
-        results.into_iter().flatten().collect()
+        let stores: Vec<&mut StateStore> = self.stores.iter_mut().collect();
+        self.threads.try_map(stores, f)
     }
 
     /// Restores every store to the version committed by batch `version`

@@ -52,6 +52,7 @@ use crate::source::{self as sources, Source, SourceBatch, SourceError};
 use crate::spec::{self, OutputMode, Pipeline, Trigger, WatermarkPolicy};
 use crate::sql::SqlTransform;
 use crate::state::{StateError, StateOptions};
+use crate::threads::Threads;
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
 use plugins::PluginContext;
 use recovery::Watermarks;
@@ -377,9 +378,10 @@ impl Query {
         let (last_planned, pending, next_batch) =
             (position.last_planned, position.pending, position.next_batch);
 
-        let threads = pipeline.query.threads.unwrap_or_else(|| {
+        // One budget for everything the query runs in parallel.
+        let threads = Threads::new(pipeline.query.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
-        });
+        }));
         let mut sources = Vec::with_capacity(pipeline.sources.len());
         for (index, spec) in pipeline.sources.iter().enumerate() {
             sources.push(sources::open(
@@ -387,7 +389,7 @@ impl Query {
                 index,
                 &checkpoint,
                 last_planned,
-                threads,
+                threads.clone(),
             )?);
         }
         let engine = plugins::engine(&pipeline, &options)?;
@@ -401,7 +403,7 @@ impl Query {
         // The plugins' scalar functions, one instance per `[[function]]`, shared by every SQL
         // expression that calls them.
         let (functions, function_plugins) = plugins::functions(&pipeline, &plugins_ctx)?;
-        let store_options = state_options(&pipeline.query, threads);
+        let store_options = state_options(&pipeline.query, threads.clone());
         // Inputs → their own transforms → join → transforms (→ the stateful operator, below).
         let plan::Stages {
             mut transforms,
@@ -663,6 +665,10 @@ impl Query {
             name: self.pipeline.query.name.clone(),
         });
         let result = self.run_batches();
+        // Nothing is read ahead for a batch that this run will not start.
+        for source in &mut self.sources {
+            source.end_parts();
+        }
         self.listeners.send(QueryEvent::Terminated {
             id,
             run_id,
@@ -1586,7 +1592,7 @@ fn millis(d: Duration) -> u64 {
 
 /// How the query's state stores keep their versions (`query.state_store`); made once per query,
 /// whose stores share its RocksDB memory.
-fn state_options(query: &spec::QuerySpec, threads: std::num::NonZeroUsize) -> StateOptions {
+fn state_options(query: &spec::QuerySpec, threads: Threads) -> StateOptions {
     StateOptions {
         kind: query.state_store,
         threads,

@@ -20,7 +20,7 @@ pub(super) struct SinkContext<'a> {
     pub checkpoint: &'a Checkpoint,
     pub options: &'a mut QueryOptions,
     /// The query's threads, for sinks that write in parallel.
-    pub threads: std::num::NonZeroUsize,
+    pub threads: crate::threads::Threads,
 }
 
 /// Opens the sink of `pipeline` for rows of `schema`.
@@ -57,7 +57,7 @@ pub(super) fn open(
             QuerySink::wasm(Box::new(PluginSink::new(plugin)))
         }
         SinkSpec::Files { path, format } => QuerySink::native(Box::new(
-            FilesSink::new(path.clone(), *format)?.with_threads(ctx.threads),
+            FilesSink::new(path.clone(), *format)?.with_threads(ctx.threads.clone()),
         )),
         SinkSpec::Console { max_rows } => QuerySink::native(Box::new(ConsoleSink::new(
             ctx.options

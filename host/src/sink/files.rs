@@ -14,7 +14,6 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,6 +35,7 @@ use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 
 use crate::spec::OutputFormat;
+use crate::threads::Threads;
 
 /// Rows per Parquet row group at most.
 const PARQUET_ROW_GROUP_ROWS: usize = 1_000_000;
@@ -136,8 +136,8 @@ pub enum SinkFileError {
 pub struct FilesWriter {
     dir: PathBuf,
     format: OutputFormat,
-    /// Threads that encode a Parquet file's columns.
-    threads: NonZeroUsize,
+    /// The query's threads, which encode a Parquet file's columns.
+    threads: Threads,
 }
 
 impl FilesWriter {
@@ -146,14 +146,14 @@ impl FilesWriter {
         Self {
             dir,
             format,
-            threads: NonZeroUsize::MIN,
+            threads: Threads::default(),
         }
     }
 
-    /// Encodes a Parquet file's columns on up to `threads` threads (one until this is
-    /// called). The file's bytes are the same whatever the count.
+    /// Encodes a Parquet file's columns on the free ones of `threads` (one thread until this
+    /// is called). The file's bytes are the same whatever the count.
     #[must_use]
-    pub fn with_threads(mut self, threads: NonZeroUsize) -> Self {
+    pub fn with_threads(mut self, threads: Threads) -> Self {
         self.threads = threads;
         self
     }
@@ -224,7 +224,14 @@ impl FilesWriter {
         batches: &[RecordBatch],
     ) -> Result<(), SinkFileError> {
         match self.format {
-            OutputFormat::Parquet => write_parquet(file, path, schema, batches, self.threads),
+            OutputFormat::Parquet => write_parquet(
+                file,
+                path,
+                schema,
+                batches,
+                &self.threads,
+                PARQUET_ROW_GROUP_ROWS,
+            ),
             OutputFormat::Json | OutputFormat::Csv => {
                 let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
                 let written = if self.format == OutputFormat::Json {
@@ -363,12 +370,15 @@ pub(crate) fn text_supports(data_type: &DataType) -> bool {
     )
 }
 
+/// Writes `batches` as one Parquet file of row groups of `row_group_rows` rows; a flat
+/// schema's columns are encoded on the free ones of `threads`, into the same bytes.
 fn write_parquet(
     file: &mut File,
     path: &Path,
     schema: &SchemaRef,
     batches: &[RecordBatch],
-    threads: NonZeroUsize,
+    threads: &Threads,
+    row_group_rows: usize,
 ) -> Result<(), SinkFileError> {
     let parquet_error = |source| SinkFileError::Parquet {
         file: path.to_path_buf(),
@@ -376,23 +386,28 @@ fn write_parquet(
     };
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP_ROWS));
+        .set_max_row_group_row_count(Some(row_group_rows));
     // A dictionary only where it pays, as Spark's writer decides (see `dictionary`).
     let props = super::dictionary::without_unpaid_dictionaries(props, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
+    // The types were checked; rebinding to the sink schema drops differences in field
+    // metadata that would make the writer refuse the batch, and refuses a null in a column
+    // the schema declares non-nullable.
+    let batches = batches
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| parquet_error(ParquetError::from(e)))?;
     let flat = schema.fields().iter().all(|f| !f.data_type().is_nested());
     if threads.get() > 1 && flat && schema.fields().len() > 1 {
         let (mut file_writer, factory) = writer.into_serialized_writer().map_err(parquet_error)?;
-        for (index, group) in row_groups(batches, PARQUET_ROW_GROUP_ROWS)
-            .into_iter()
-            .enumerate()
-        {
+        for (index, group) in row_groups(&batches, row_group_rows).into_iter().enumerate() {
             let writers = factory
                 .create_column_writers(index)
                 .map_err(parquet_error)?;
-            let chunks =
-                encode_columns(writers, schema, &group, threads.get()).map_err(parquet_error)?;
+            let chunks = encode_columns(writers, schema, &group, threads).map_err(parquet_error)?;
             let mut row_group = file_writer.next_row_group().map_err(parquet_error)?;
             for chunk in chunks {
                 chunk
@@ -405,15 +420,8 @@ fn write_parquet(
         file_writer.into_inner().map_err(parquet_error)?;
         return Ok(());
     }
-    for batch in batches {
-        if batch.num_rows() == 0 {
-            continue;
-        }
-        // The types were checked; rebinding to the sink schema drops differences in field
-        // metadata that would make the writer refuse the batch.
-        let batch = RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec())
-            .map_err(|e| parquet_error(ParquetError::from(e)))?;
-        writer.write(&batch).map_err(parquet_error)?;
+    for batch in &batches {
+        writer.write(batch).map_err(parquet_error)?;
     }
     // Flushes the footer into `file`, which the caller syncs.
     writer.into_inner().map_err(parquet_error)?;
@@ -445,14 +453,14 @@ fn row_groups(batches: &[RecordBatch], max: usize) -> Vec<Vec<RecordBatch>> {
     groups
 }
 
-/// Encodes the columns of one row group of a flat schema (one writer per column), the
-/// columns taken in turn by up to `threads` threads, this one among them: each column's
-/// chunk holds what `ArrowWriter` would have encoded for it, so the file is the same.
+/// Encodes the columns of one row group of a flat schema (one writer per column), a column
+/// at a time on the free ones of `threads`: each column's chunk holds what `ArrowWriter`
+/// would have encoded for it, so the file is the same.
 fn encode_columns(
     writers: Vec<ArrowColumnWriter>,
     schema: &SchemaRef,
     group: &[RecordBatch],
-    threads: usize,
+    threads: &Threads,
 ) -> Result<Vec<ArrowColumnChunk>, ParquetError> {
     if writers.len() != schema.fields().len() {
         return Err(ParquetError::General(format!(
@@ -461,69 +469,15 @@ fn encode_columns(
             schema.fields().len()
         )));
     }
-    let slots: Vec<std::sync::Mutex<Option<ArrowColumnWriter>>> = writers
-        .into_iter()
-        .map(|w| std::sync::Mutex::new(Some(w)))
-        .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || {
-        let mut done = Vec::new();
-        loop {
-            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(slot) = slots.get(c) else {
-                return done;
-            };
-            let writer = slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            let encoded = writer
-                .ok_or_else(|| ParquetError::General(format!("column {c} taken twice")))
-                .and_then(|mut writer| {
-                    let field = schema.field(c);
-                    for batch in group {
-                        for leaf in compute_leaves(field, batch.column(c))? {
-                            writer.write(&leaf)?;
-                        }
-                    }
-                    writer.close()
-                });
-            let failed = encoded.is_err();
-            done.push((c, encoded));
-            if failed {
-                return done;
+    threads.try_map(writers, |c, mut writer| {
+        let field = schema.field(c);
+        for batch in group {
+            for leaf in compute_leaves(field, batch.column(c))? {
+                writer.write(&leaf)?;
             }
         }
-    };
-    let mut chunks: Vec<Option<Result<ArrowColumnChunk, ParquetError>>> =
-        std::iter::repeat_with(|| None).take(slots.len()).collect();
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads.min(slots.len()))
-            .map(|_| scope.spawn(work))
-            .collect();
-        for (c, chunk) in work() {
-            chunks[c] = Some(chunk);
-        }
-        for helper in helpers {
-            let done = helper
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (c, chunk) in done {
-                chunks[c] = Some(chunk);
-            }
-        }
-    });
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(c, chunk)| {
-            chunk.unwrap_or_else(|| {
-                Err(ParquetError::General(format!(
-                    "column {c} was not encoded: another column failed"
-                )))
-            })
-        })
-        .collect()
+        writer.close()
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -957,7 +911,7 @@ mod tests {
     #[test]
     fn columns_encoded_on_threads_give_the_same_parquet_file() {
         let tmp = tempfile::tempdir().unwrap();
-        // Batches large enough for several pages, with an empty one among them.
+        // Batches of 80, 0, 80 and 1 rows.
         let large = |seed: i64| {
             let batches: Vec<RecordBatch> = (0..40).map(|_| batch_a()).collect();
             let mut b = concat_batches(&schema(), &batches).unwrap();
@@ -974,7 +928,7 @@ mod tests {
                 tmp.path().join(format!("t{threads}")),
                 OutputFormat::Parquet,
             )
-            .with_threads(NonZeroUsize::new(threads).unwrap());
+            .with_threads(threads_of(threads));
             let written = writer.write_batch(0, &schema(), &batches).unwrap();
             assert_eq!(written.rows, 161);
             files.push(std::fs::read(written.path.unwrap()).unwrap());
@@ -990,6 +944,69 @@ mod tests {
         let expected = concat_batches(&schema(), &batches).unwrap();
         let read = concat_batches(&read[0].schema(), &read).unwrap();
         assert_eq!(read.columns(), expected.columns());
+    }
+
+    fn threads_of(n: usize) -> Threads {
+        Threads::new(std::num::NonZeroUsize::new(n).unwrap())
+    }
+
+    #[test]
+    fn columns_on_threads_give_the_same_file_over_several_row_groups() {
+        let tmp = tempfile::tempdir().unwrap();
+        let batches = [batch_a(), batch_b(), batch_a(), batch_a(), batch_b()];
+        let write = |threads: usize| {
+            let path = tmp.path().join(format!("rg{threads}.parquet"));
+            let mut file = File::create(&path).unwrap();
+            // Row groups of 3 rows: batches sliced across groups.
+            write_parquet(
+                &mut file,
+                &path,
+                &schema(),
+                &batches,
+                &threads_of(threads),
+                3,
+            )
+            .unwrap();
+            std::fs::read(&path).unwrap()
+        };
+        let one = write(1);
+        assert_eq!(write(3), one);
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(one)).unwrap();
+        assert_eq!(reader.metadata().num_row_groups(), 3);
+        let rows: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
+        assert_eq!(rows, 8);
+    }
+
+    #[test]
+    fn a_null_in_a_non_nullable_column_fails_the_file_on_any_thread_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        // `id` is non-nullable in the sink schema; this batch's `id` holds a null.
+        let mut fields: Vec<Field> = schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[0] = fields[0].clone().with_nullable(true);
+        let loose = Arc::new(Schema::new(fields));
+        let mut columns = batch_a().columns().to_vec();
+        columns[0] = Arc::new(Int64Array::from(vec![Some(1), None]));
+        let batch = RecordBatch::try_new(loose, columns).unwrap();
+        for threads in [1, 2] {
+            let writer = FilesWriter::new(
+                tmp.path().join(format!("n{threads}")),
+                OutputFormat::Parquet,
+            )
+            .with_threads(threads_of(threads));
+            let err = writer
+                .write_batch(0, &schema(), std::slice::from_ref(&batch))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("non-nullable") || err.contains("null"),
+                "{threads}: {err}"
+            );
+            assert!(!writer.batch_path(0).exists(), "{threads}");
+        }
     }
 
     #[test]

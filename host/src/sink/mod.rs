@@ -211,7 +211,7 @@ impl FilesSink {
 
     /// Encodes a Parquet file's columns on up to `threads` threads.
     #[must_use]
-    pub fn with_threads(mut self, threads: std::num::NonZeroUsize) -> Self {
+    pub fn with_threads(mut self, threads: crate::threads::Threads) -> Self {
         self.writer = self.writer.with_threads(threads);
         self
     }

@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::{Recorded, Source, SourceBatch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::decode::{DecodeError, Decoded, Decoder, ParquetDecoder, Part};
+use crate::threads::{Helper, Threads, lock};
 
 /// One file a batch reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -372,8 +373,8 @@ pub struct FilesSource {
     /// The batch of the last [`Source::record`]: a real-time batch records one part after
     /// another under one id, and the source log gets at most one entry per id.
     last_recorded: Option<u64>,
-    /// Threads that decode a batch's files (this one included).
-    threads: NonZeroUsize,
+    /// The query's threads, which decode a batch's files (this one included).
+    threads: Threads,
     /// The other threads' decoders and read buffers, made when first needed (lent to a
     /// decoding under way).
     workers: Vec<(FileDecoder, Vec<u8>)>,
@@ -381,6 +382,8 @@ pub struct FilesSource {
     upcoming: Vec<FileEntry>,
     /// The next batch's likely files, being decoded ([`Self::read_ahead`]).
     ahead: Option<Decoding>,
+    /// Batches whose files a read-ahead decoded.
+    ahead_used: u64,
 }
 
 /// What reading one file of a batch needs to know, shared by the threads decoding the batch.
@@ -476,7 +479,8 @@ struct Job {
     spare: Mutex<Vec<Vec<u8>>>,
     next: AtomicUsize,
     failed_at: AtomicUsize,
-    /// Set when the job's result is not wanted after all: no unit starts after it.
+    /// Set when the job's result is not wanted after all: no file is read and no unit starts
+    /// after it. (A stopped job is only ever cancelled, never finished.)
     stop: AtomicBool,
 }
 
@@ -490,23 +494,18 @@ struct Loaded {
     read_error: Mutex<Option<SourceError>>,
 }
 
-/// A lock that a thread which panicked while holding it does not spoil: what it guards is
-/// only buffers and an error, whole at every step.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Job {
     /// Takes units on this thread, with `decoder` (and `buf` for whole files), until none is
     /// left; returns what it decoded.
     fn work(&self, decoder: &mut FileDecoder, buf: &mut Vec<u8>) -> Vec<UnitResult> {
+        let mut done = Vec::new();
+        if self.stop.load(Ordering::Relaxed) {
+            return done;
+        }
         let loaded = self
             .split
             .then(|| self.loaded.get_or_init(|| self.load(decoder)));
         let units = loaded.map_or(self.files.len(), |l| l.units.len());
-        let mut done = Vec::new();
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 return done;
@@ -532,13 +531,16 @@ impl Job {
         }
     }
 
-    /// Reads the files of a split job (up to the first that cannot be read) and cuts them
-    /// into parts.
+    /// Reads the files of a split job (up to the first that cannot be read, or until the job
+    /// is stopped) and cuts them into parts.
     fn load(&self, decoder: &FileDecoder) -> Loaded {
         let mut spare = std::mem::take(&mut *lock(&self.spare));
         let mut texts = Vec::with_capacity(self.files.len());
         let mut read_error = None;
         for file in &self.files {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
             let mut text = spare.pop().unwrap_or_default();
             if let Err(error) = self.batch.load(file, &mut text) {
                 spare.push(text);
@@ -564,15 +566,19 @@ impl Job {
     }
 }
 
-/// A helper thread of a [`Decoding`]: the worker it was lent, back, and what it decoded.
-type Helper = std::thread::JoinHandle<(FileDecoder, Vec<u8>, Vec<UnitResult>)>;
+/// A worker lent to a helper thread: its decoder and read buffer.
+type Worker = (FileDecoder, Vec<u8>);
 
-/// A [`Job`] under way on helper threads, each with a worker's decoder and buffer. The
-/// thread that wants the batch joins in with [`Decoding::finish`]; a read-ahead that is not
-/// wanted is stopped and its workers taken back with [`Decoding::cancel`] (or on drop).
+/// A helper thread of a [`Decoding`]: its worker, back, and what it decoded. (Its place in the
+/// query's thread budget is given back when the thread ends.)
+type HelperThread = std::thread::JoinHandle<(Worker, Vec<UnitResult>)>;
+
+/// A [`Job`] under way on helper threads. The thread that wants the batch joins in with
+/// [`Decoding::finish`]; a read-ahead that is not wanted is stopped and its workers taken
+/// back with [`Decoding::cancel`] (or on drop).
 struct Decoding {
     job: Arc<Job>,
-    helpers: Vec<Helper>,
+    helpers: Vec<HelperThread>,
 }
 
 impl std::fmt::Debug for Decoding {
@@ -590,11 +596,16 @@ impl std::fmt::Debug for Decoding {
 struct Finished {
     results: Vec<Option<Result<Decoded, SourceError>>>,
     read_error: Option<SourceError>,
-    workers: Vec<(FileDecoder, Vec<u8>)>,
+    workers: Vec<Worker>,
     buffers: Vec<Vec<u8>>,
 }
 
 impl Finished {
+    /// Whether every unit decoded and every file was read.
+    fn complete(&self) -> bool {
+        self.read_error.is_none() && self.results.iter().all(|r| matches!(r, Some(Ok(_))))
+    }
+
     /// Appends the results to `decoded` in order, up to the first error; a file that could
     /// not be read fails the batch after the errors of those before it.
     fn join_in_order(&mut self, decoded: &mut Decoded) -> Result<(), SourceError> {
@@ -611,12 +622,12 @@ impl Finished {
 }
 
 impl Decoding {
-    /// Starts `job` on one thread per worker.
-    fn start(job: Job, workers: Vec<(FileDecoder, Vec<u8>)>) -> Self {
+    /// Starts `job` on one thread per worker, each holding its place in the query's budget.
+    fn start(job: Job, workers: Vec<(Worker, Helper)>) -> Self {
         let job = Arc::new(job);
         let helpers = workers
             .into_iter()
-            .filter_map(|(mut decoder, mut buf)| {
+            .filter_map(|((mut decoder, mut buf), place)| {
                 let job = Arc::clone(&job);
                 // A thread that cannot be started leaves its units to the others (and its
                 // worker is made again for the next batch).
@@ -624,7 +635,8 @@ impl Decoding {
                     .name("weir-decode".into())
                     .spawn(move || {
                         let done = job.work(&mut decoder, &mut buf);
-                        (decoder, buf, done)
+                        drop(place);
+                        ((decoder, buf), done)
                     })
                     .ok()
             })
@@ -638,27 +650,36 @@ impl Decoding {
     }
 
     /// Takes units on this thread (with `decoder` and `buf`) until none is left, then waits
-    /// for the helpers.
+    /// for the helpers (a helper's panic is this thread's).
     fn finish(mut self, decoder: &mut FileDecoder, buf: &mut Vec<u8>) -> Finished {
         let mine = self.job.work(decoder, buf);
-        self.join(Some(mine))
+        self.join(mine, true)
     }
 
-    /// Stops the job after the units under way and takes its workers back.
-    fn cancel(mut self) -> Vec<(FileDecoder, Vec<u8>)> {
+    /// Stops the job after the units under way, and takes its workers and buffers back.
+    fn cancel(mut self) -> Finished {
         self.job.stop.store(true, Ordering::Relaxed);
-        self.join(None).workers
+        let mut finished = self.join(Vec::new(), false);
+        finished.results.clear();
+        finished.read_error = None;
+        finished
     }
 
-    fn join(&mut self, mine: Option<Vec<UnitResult>>) -> Finished {
+    /// Waits for the helpers. A helper that panicked is resumed here with `propagate`, and
+    /// otherwise forgotten with its worker (a new one is made when needed): a read-ahead
+    /// nobody wants must not fail the batch that drops it.
+    fn join(&mut self, mine: Vec<UnitResult>, propagate: bool) -> Finished {
         let mut workers = Vec::with_capacity(self.helpers.len());
-        let mut done = mine.unwrap_or_default();
+        let mut done = mine;
         for helper in self.helpers.drain(..) {
-            let (decoder, buf, theirs) = helper
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            workers.push((decoder, buf));
-            done.extend(theirs);
+            match helper.join() {
+                Ok((worker, theirs)) => {
+                    workers.push(worker);
+                    done.extend(theirs);
+                }
+                Err(panic) if propagate => std::panic::resume_unwind(panic),
+                Err(_) => {}
+            }
         }
         let units = done.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
         let mut results: Vec<Option<Result<Decoded, SourceError>>> =
@@ -666,23 +687,21 @@ impl Decoding {
         for (i, result) in done {
             results[i] = Some(result);
         }
-        // The helpers are gone, so the job is this thread's alone (short of a helper that
-        // could not be started, whose closure was dropped with its reference).
-        let (buffers, read_error) = match Arc::get_mut(&mut self.job) {
+        let read_error = self
+            .job
+            .loaded
+            .get()
+            .and_then(|loaded| lock(&loaded.read_error).take());
+        // The helpers are gone, so the job is this thread's alone and its buffers come back.
+        let buffers = match Arc::get_mut(&mut self.job) {
             Some(job) => {
-                let mut buffers =
-                    std::mem::take(job.spare.get_mut().unwrap_or_else(|p| p.into_inner()));
-                let mut read_error = None;
+                let mut buffers: Vec<Vec<u8>> = std::mem::take(&mut *lock(&job.spare));
                 if let Some(loaded) = job.loaded.take() {
                     buffers.extend(loaded.texts);
-                    read_error = loaded
-                        .read_error
-                        .into_inner()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
-                (buffers, read_error)
+                buffers
             }
-            None => (Vec::new(), None),
+            None => Vec::new(),
         };
         Finished {
             results,
@@ -697,7 +716,7 @@ impl Drop for Decoding {
     fn drop(&mut self) {
         if !self.helpers.is_empty() {
             self.job.stop.store(true, Ordering::Relaxed);
-            self.join(None);
+            self.join(Vec::new(), false);
         }
     }
 }
@@ -705,18 +724,19 @@ impl Drop for Decoding {
 /// A read buffer larger than this is released after its batch.
 const KEEP_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 
-/// A read-ahead decodes at most this many bytes of files.
-const READ_AHEAD_BYTES: u64 = 256 * 1024 * 1024;
+/// A read-ahead decodes at most this many bytes of files: the next batch's rows wait in
+/// memory beside the current batch's.
+const READ_AHEAD_BYTES: u64 = 64 * 1024 * 1024;
 
 impl FilesSource {
-    /// Reads and decodes the files of one batch, as the source log entry
-    /// `entry` lists them (already checked by [`FilesLogEntry::check`]).
+    /// Reads and decodes `files`, one batch's, as `batch` names them (the files already
+    /// checked by [`FilesLogEntry::check`]).
     ///
-    /// With more than one thread, the files are a [`Job`] for every thread: the batch's
-    /// rows, its sub-batches, counts, dead letters and first error are those of one thread
-    /// reading the files in turn. A read-ahead of the same files ([`Self::read_ahead`]) is
-    /// finished instead of starting again; one that failed is dropped, and the files read
-    /// again here, so that an error is always this batch's own.
+    /// With more than one thread, the files are a [`Job`] for this thread and the query's
+    /// free ones: the batch's rows, its sub-batches, counts, dead letters and first error are
+    /// those of one thread reading the files in turn. A read-ahead of the same files
+    /// ([`Self::read_ahead`]) is finished instead of starting again; one that failed is
+    /// dropped, and the files read again here, so that an error is always this batch's own.
     fn read_files(
         &mut self,
         files: &[FileEntry],
@@ -727,9 +747,8 @@ impl FilesSource {
         match self.ahead.take() {
             Some(ahead) if ahead.decodes(files) => {
                 let mut finished = ahead.finish(&mut self.decoder, buf);
-                let ok = finished.read_error.is_none()
-                    && finished.results.iter().all(|r| matches!(r, Some(Ok(_))));
-                if ok {
+                if finished.complete() {
+                    self.ahead_used += 1;
                     let result = finished.join_in_order(decoded);
                     self.keep(finished, buf);
                     return result;
@@ -739,7 +758,8 @@ impl FilesSource {
                 self.keep(finished, buf);
             }
             Some(ahead) => {
-                self.workers.extend(ahead.cancel());
+                let finished = ahead.cancel();
+                self.keep(finished, buf);
             }
             None => {}
         }
@@ -749,27 +769,35 @@ impl FilesSource {
             }
             return Ok(());
         }
-        let decoding = self.start(batch, files.to_vec(), buf);
+        let decoding = self.start(batch, files.to_vec(), buf, false);
         let mut finished = decoding.finish(&mut self.decoder, buf);
         let result = finished.join_in_order(decoded);
         self.keep(finished, buf);
         result
     }
 
-    /// Starts decoding `files` on the other threads.
-    fn start(&mut self, batch: BatchFiles, files: Vec<FileEntry>, buf: &mut Vec<u8>) -> Decoding {
+    /// Starts decoding `files` on the query's free threads: to be finished on this one, or,
+    /// `ahead`, by the next batch (then a file can have a helper of its own).
+    fn start(
+        &mut self,
+        batch: BatchFiles,
+        files: Vec<FileEntry>,
+        buf: &mut Vec<u8>,
+        ahead: bool,
+    ) -> Decoding {
         let threads = self.threads.get();
         let lines = matches!(self.decoder, FileDecoder::Lines(_));
         let split = lines && files.len() < threads;
-        let used = if split {
-            threads
-        } else {
-            threads.min(files.len())
+        let want = match (split, ahead) {
+            (true, _) => threads - 1,
+            (false, false) => threads.min(files.len()) - 1,
+            (false, true) => (threads - 1).min(files.len()),
         };
-        while self.workers.len() < used - 1 {
+        let places = self.threads.helpers(want);
+        while self.workers.len() < places.len() {
             self.workers.push((self.decoder.fork(), Vec::new()));
         }
-        let mut workers: Vec<_> = self.workers.drain(..used - 1).collect();
+        let mut workers: Vec<Worker> = self.workers.drain(..places.len()).collect();
         // Parts of files are decoded from the files' bytes: the threads' buffers hold them.
         let mut spare = Vec::new();
         if split {
@@ -787,7 +815,7 @@ impl FilesSource {
                 failed_at: AtomicUsize::new(usize::MAX),
                 stop: AtomicBool::new(false),
             },
-            workers,
+            workers.into_iter().zip(places).collect(),
         )
     }
 
@@ -812,13 +840,17 @@ impl FilesSource {
         }
     }
 
-    /// Starts decoding the files the next batch will most likely take, on the other threads,
-    /// while the query runs this batch: the first files after this batch's in the last
-    /// listing (all of them when the trigger froze the listing). Only with more than one
-    /// thread, a cap on the files a batch takes, and at most [`READ_AHEAD_BYTES`] of them;
-    /// the next batch uses it only if it takes exactly those files.
+    /// Starts decoding the files the next batch will most likely take, on the query's free
+    /// threads, while the query runs batch `batch_id`: the first files after this batch's in
+    /// the last listing (all of them when the trigger froze the listing). Only after a batch
+    /// this source planned (not a replay), with a cap on the files a batch takes, at most
+    /// [`READ_AHEAD_BYTES`] of them and a thread free; the next batch uses it only if it
+    /// takes exactly those files.
     fn read_ahead(&mut self, checkpoint: &Checkpoint, batch_id: u64) {
         let Some(max) = self.max_files else { return };
+        if self.threads.get() <= 1 || self.last_recorded != Some(batch_id) {
+            return;
+        }
         let next: Vec<FileEntry> = self
             .upcoming
             .iter()
@@ -826,10 +858,7 @@ impl FilesSource {
             .take(max.get())
             .cloned()
             .collect();
-        if self.threads.get() <= 1
-            || next.is_empty()
-            || next.iter().map(|f| f.size).sum::<u64>() > READ_AHEAD_BYTES
-        {
+        if next.is_empty() || next.iter().map(|f| f.size).sum::<u64>() > READ_AHEAD_BYTES {
             return;
         }
         let batch = BatchFiles {
@@ -839,9 +868,15 @@ impl FilesSource {
             batch_id: batch_id + 1,
         };
         let mut buf = std::mem::take(&mut self.buf);
-        let decoding = self.start(batch, next, &mut buf);
+        let decoding = self.start(batch, next, &mut buf, true);
+        if decoding.helpers.is_empty() {
+            // No thread was free: the next batch reads its files itself.
+            let finished = decoding.cancel();
+            self.keep(finished, &mut buf);
+        } else {
+            self.ahead = Some(decoding);
+        }
         self.buf = buf;
-        self.ahead = Some(decoding);
     }
 
     /// Opens the source, learning from the checkpoint which files earlier
@@ -930,16 +965,18 @@ impl FilesSource {
             unlogged,
             batches_unlogged,
             last_recorded: None,
-            threads: NonZeroUsize::MIN,
+            threads: Threads::default(),
             workers: Vec::new(),
             upcoming: Vec::new(),
             ahead: None,
+            ahead_used: 0,
         })
     }
 
-    /// Decodes a batch's files on up to `threads` threads (one until this is called).
+    /// Decodes a batch's files on this thread and the free ones of `threads` (on this one
+    /// alone until this is called).
     #[must_use]
-    pub fn with_threads(mut self, threads: NonZeroUsize) -> Self {
+    pub fn with_threads(mut self, threads: Threads) -> Self {
         self.threads = threads;
         self
     }
@@ -1093,6 +1130,17 @@ impl Source for FilesSource {
             latest_offset: serde_json::json!({ "logOffset": batch_id }),
             metrics,
         })
+    }
+
+    /// The read-ahead is dropped: the query stops, or the batch's parts are replayed.
+    fn end_parts(&mut self) {
+        if let Some(ahead) = self.ahead.take() {
+            let finished = ahead.cancel();
+            let mut buf = std::mem::take(&mut self.buf);
+            self.keep(finished, &mut buf);
+            self.buf = buf;
+        }
+        self.upcoming.clear();
     }
 
     fn dead_letter_dir(&self) -> Option<&Path> {
@@ -1415,7 +1463,7 @@ mod tests {
             None,
         )
         .unwrap()
-        .with_threads(NonZeroUsize::new(threads).unwrap());
+        .with_threads(Threads::new(NonZeroUsize::new(threads).unwrap()));
         assert_eq!(source.poll(&checkpoint, false).unwrap(), count as u64);
         plan(&mut source, &checkpoint, 0);
         let batch = source
@@ -1504,17 +1552,19 @@ mod tests {
     /// its error.
     type BatchOutcome = Result<(Vec<serde_json::Value>, u64, u64, Vec<u64>), String>;
 
-    /// Each batch of a source taking one file a batch from `texts` (named `f0.json`, ...),
-    /// read with `policy` on `threads` threads: its rows as JSON and its counts, or the
-    /// error. `between(n, dir)` runs after batch `n` was read, before batch `n + 1` is planned;
-    /// `frozen`: as with `available-now`, the files listed at the start.
-    fn read_one_a_batch(
+    /// Each batch of a source taking `per_batch` files a batch from `texts` (named `f0.json`,
+    /// ...), read with `policy` on `threads` threads: its rows as JSON and its counts, or the
+    /// error; and how many batches a read-ahead served. `between(n, dir)` runs after batch `n`
+    /// was read, before batch `n + 1` is planned; `frozen`: as with `available-now`, the
+    /// files listed at the start.
+    fn read_batches(
         texts: &[String],
         threads: usize,
+        per_batch: usize,
         frozen: bool,
         policy: MalformedPolicy,
         between: impl Fn(&FilesSource, u64, &Path),
-    ) -> Vec<BatchOutcome> {
+    ) -> (Vec<BatchOutcome>, u64) {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
         std::fs::create_dir_all(&input).unwrap();
@@ -1542,14 +1592,14 @@ mod tests {
             "orders".into(),
             0,
             input.clone(),
-            NonZeroUsize::new(1),
+            NonZeroUsize::new(per_batch),
             Decoder::new(schema, options).unwrap(),
             None,
             &checkpoint,
             None,
         )
         .unwrap()
-        .with_threads(NonZeroUsize::new(threads).unwrap());
+        .with_threads(Threads::new(NonZeroUsize::new(threads).unwrap()));
         if frozen {
             source.freeze_available().unwrap();
         }
@@ -1584,7 +1634,9 @@ mod tests {
             );
             between(&source, n, &input);
         }
-        out
+        source.end_parts();
+        assert!(source.ahead.is_none() && source.upcoming.is_empty());
+        (out, source.ahead_used)
     }
 
     /// Five files of 1 to 3 MB (so that two threads split each into parts), the third with a
@@ -1604,31 +1656,58 @@ mod tests {
             .collect()
     }
 
+    /// The names of the files a read-ahead decodes.
+    fn ahead_names(source: &FilesSource) -> Option<Vec<String>> {
+        let ahead = source.ahead.as_ref()?;
+        Some(ahead.job.files.iter().map(|f| f.name.clone()).collect())
+    }
+
     #[test]
     fn the_next_batch_is_decoded_ahead_as_it_would_be_read() {
         let texts = five_files();
-        for policy in [MalformedPolicy::Permissive, MalformedPolicy::Fail] {
-            let one = read_one_a_batch(&texts, 1, true, policy, |source, _, _| {
+        // One file a batch: parts of it on two threads; two files a batch: whole files.
+        // The batches a read-ahead serves: all but the first, except one holding a malformed
+        // line under `fail` (dropped, and read again by the batch) and the one after a failed
+        // batch (nothing was read ahead for it).
+        for (per_batch, policy, served) in [
+            (1, MalformedPolicy::Permissive, 4),
+            (1, MalformedPolicy::Fail, 2),
+            (2, MalformedPolicy::Permissive, 2),
+            (2, MalformedPolicy::Fail, 0),
+        ] {
+            let case = format!("{per_batch} a batch, {policy:?}");
+            let (one, none) = read_batches(&texts, 1, per_batch, true, policy, |source, _, _| {
                 assert!(source.ahead.is_none(), "one thread reads nothing ahead");
             });
-            let two = read_one_a_batch(&texts, 2, true, policy, |source, n, _| {
-                // After each batch but the last, the next file is being decoded.
-                let ahead = source.ahead.as_ref().map(|a| a.job.files[0].name.clone());
-                let want = (n < 4).then(|| format!("f{}.json", n + 1));
-                if policy == MalformedPolicy::Permissive || n < 2 {
-                    assert_eq!(ahead, want, "after batch {n}");
+            assert_eq!(none, 0);
+            let (two, used) = read_batches(&texts, 2, per_batch, true, policy, |source, n, _| {
+                // After each batch but the last (and a failed one), the next files are being
+                // decoded.
+                let first = (n as usize + 1) * per_batch;
+                let want = (first < 5).then(|| {
+                    (first..(first + per_batch).min(5))
+                        .map(|f| format!("f{f}.json"))
+                        .collect::<Vec<_>>()
+                });
+                let failed = policy == MalformedPolicy::Fail && n as usize == 2 / per_batch;
+                if !failed {
+                    assert_eq!(ahead_names(source), want, "after batch {n}");
                 }
             });
-            assert_eq!(two, one, "{policy:?}");
+            assert_eq!(two, one, "{case}");
+            assert_eq!(used, served, "{case}: batches served by a read-ahead");
+            let bad = 2 / per_batch;
             if policy == MalformedPolicy::Fail {
-                // Batch 2 fails on its own line, read ahead or not.
-                let err = one[2].as_ref().unwrap_err();
+                // The batch of f2.json fails on its own line, read ahead or not.
+                let err = one[bad].as_ref().unwrap_err();
                 assert!(err.contains("IN/f2.json:40001"), "{err}");
             } else {
-                let (rows, input, malformed, _) = one[2].as_ref().unwrap();
-                assert_eq!((*input, *malformed), (120_001, 1));
-                assert_eq!(rows.len(), 120_001);
-                assert_eq!(one[4].as_ref().unwrap().0[0]["id"], 4_000_000);
+                let (rows, input, malformed, _) = one[bad].as_ref().unwrap();
+                // f2.json's 120,001 lines, and with two a batch f3.json's 150,000.
+                let lines = if per_batch == 2 { 270_001 } else { 120_001 };
+                assert_eq!((*input, *malformed), (lines, 1));
+                assert_eq!(rows.len() as u64, lines);
+                assert_eq!(one.last().unwrap().as_ref().unwrap().0[0]["id"], 4_000_000);
             }
         }
     }
@@ -1637,21 +1716,17 @@ mod tests {
     fn a_read_ahead_of_files_the_batch_does_not_take_is_dropped() {
         let texts = five_files();
         // Listed anew each batch, as with a processing-time trigger.
-        let grown = read_one_a_batch(
+        let (grown, used) = read_batches(
             &texts,
             2,
+            1,
             false,
             MalformedPolicy::Permissive,
             |source, n, dir| {
                 if n == 0 {
-                    // f1.json is being read ahead; it grows before batch 1 is planned, so batch 1
-                    // takes more bytes of it than were read ahead.
-                    assert!(
-                        source
-                            .ahead
-                            .as_ref()
-                            .is_some_and(|a| a.decodes(&a.job.files))
-                    );
+                    // f1.json is being read ahead; it grows before batch 1 is planned, so batch
+                    // 1 takes more bytes of it than were read ahead.
+                    assert_eq!(ahead_names(source), Some(vec!["f1.json".to_owned()]));
                     let mut file = std::fs::File::options()
                         .append(true)
                         .open(dir.join("f1.json"))
@@ -1669,6 +1744,9 @@ mod tests {
         assert_eq!(*input, 90_001);
         assert_eq!(rows.last().unwrap()["id"], -1);
         assert_eq!(grown.len(), 5);
+        // Batches 2, 3 and 4 were read ahead; batch 1 was not served by the read-ahead of the
+        // file before it grew.
+        assert_eq!(used, 3);
     }
 
     #[test]

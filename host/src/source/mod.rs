@@ -16,7 +16,6 @@ pub mod files;
 pub mod kafka;
 
 use std::collections::BTreeMap;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,8 +124,8 @@ pub trait Source: Send {
         }
     }
 
-    /// Real-time mode: the parts of a batch are over; stop reading ahead until the next
-    /// [`Source::arrive`] (and before any [`Source::read`]).
+    /// Stop reading ahead: in real-time mode, the parts of a batch are over (until the next
+    /// [`Source::arrive`], and before any [`Source::read`]); in any mode, the query stops.
     fn end_parts(&mut self) {}
 
     /// Real-time mode: the entry of `offsets/N` for batch `batch_id` made of `parts` (in the
@@ -242,7 +241,7 @@ pub fn schema_before_open(spec: &SourceSpec) -> Option<SchemaRef> {
 /// Opens the source `spec`, number `index` in the pipeline, resuming from
 /// what the checkpoint's log says earlier batches took (entries past
 /// `last_planned` were never planned and are dropped). A files source decodes
-/// a batch's files on up to `threads` threads.
+/// a batch's files on the query's `threads`.
 ///
 /// # Errors
 /// When the decoder cannot be built for the schema or the source log cannot
@@ -252,7 +251,7 @@ pub fn open(
     index: usize,
     checkpoint: &Checkpoint,
     last_planned: Option<u64>,
-    threads: NonZeroUsize,
+    threads: crate::threads::Threads,
 ) -> Result<Box<dyn Source>, SourceError> {
     match &spec.kind {
         SourceKind::Files(files) => {

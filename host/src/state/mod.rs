@@ -81,8 +81,8 @@ pub struct StateOptions {
     /// The pool of cache and memtable memory the query's RocksDB stores share: clones of one
     /// `StateOptions` share it, so a query makes its options once for all its stores.
     pub rocks: RocksMemory,
-    /// Threads an operator may spread its partitions' stores over (the query's `threads`).
-    pub threads: std::num::NonZeroUsize,
+    /// The query's threads, which an operator may spread its partitions' stores over.
+    pub threads: crate::threads::Threads,
 }
 
 impl Default for StateOptions {
@@ -93,7 +93,7 @@ impl Default for StateOptions {
             min_versions_to_retain: 10,
             snapshot_min_bytes: SNAPSHOT_MIN_BYTES,
             rocks: RocksMemory::default(),
-            threads: std::num::NonZeroUsize::MIN,
+            threads: crate::threads::Threads::default(),
         }
     }
 }

@@ -848,7 +848,8 @@ fn partitions_on_threads_keep_what_one_thread_keeps() {
             cfg.within_watermark = within;
             cfg.num_partitions = 4;
             cfg.state.kind = StoreKind::RocksDb;
-            cfg.state.threads = std::num::NonZeroUsize::new(threads).unwrap();
+            cfg.state.threads =
+                crate::threads::Threads::new(std::num::NonZeroUsize::new(threads).unwrap());
             let mut op = open(cfg.clone(), None);
             let mut seen = Vec::new();
             for (id, rows) in batches.iter().enumerate() {
