@@ -132,7 +132,7 @@ pub struct AggregateConfig {
     pub state: StateOptions,
 }
 
-/// Buffers reused across groups and batches.
+/// Buffers reused across the groups of one partition in a batch.
 #[derive(Debug, Default)]
 struct Scratch {
     key: Vec<u8>,
@@ -148,7 +148,6 @@ pub struct AggregateOperator {
     /// The stores, counting groups under [`META`].
     state: PartitionedState,
     partials: Partials,
-    scratch: Scratch,
     /// Since the last load or commit: partial aggregates dropped as late
     /// and the input rows they held.
     rows_dropped: u64,
@@ -206,7 +205,6 @@ impl AggregateOperator {
             plan: Arc::new(plan),
             state,
             partials: Partials::default(),
-            scratch: Scratch::default(),
             rows_dropped: 0,
             input_rows_dropped: 0,
         })
@@ -255,7 +253,9 @@ impl AggregateOperator {
     }
 
     /// Merges each non-late partial group into the state (one get and one
-    /// put per group), emitting the merged groups in update mode.
+    /// put per group), emitting the merged groups in update mode. The
+    /// partitions run on the query's threads, each over its groups in group
+    /// order; the merged groups are emitted in group order after all of them.
     fn merge_groups(
         &mut self,
         plan: &Plan,
@@ -267,9 +267,9 @@ impl AggregateOperator {
         } else {
             Vec::new()
         };
-        let scratch = &mut self.scratch;
-        scratch.distinct_new.clear();
-        scratch.distinct_new.resize(plan.aggs.len(), 0);
+        // Each non-late group, with the range of its distinct values, in its partition's list.
+        let mut parts: Vec<Vec<(usize, std::ops::Range<usize>)>> =
+            vec![Vec::new(); self.state.partitions()];
         let mut d = 0;
         for g in 0..self.partials.len() {
             let start = d;
@@ -283,50 +283,72 @@ impl AggregateOperator {
                 self.input_rows_dropped += self.partials.rows[g];
                 continue;
             }
-            let key = &self.partials.keys[g];
-            let p = self.state.partition_of(key);
-            let store = self.state.store_mut(p);
-            let state = |source| OperatorError::State {
-                operator: plan.name.to_owned(),
-                source,
+            let p = self.state.partition_of(&self.partials.keys[g]);
+            parts[p].push((g, start..d));
+        }
+        let partials = &self.partials;
+        let update = plan.mode == OutputMode::Update;
+        let state = |source| OperatorError::State {
+            operator: plan.name.to_owned(),
+            source,
+        };
+        let merged = self.state.each_store(|p, store| {
+            let mut scratch = Scratch {
+                distinct_new: vec![0; plan.aggs.len()],
+                ..Scratch::default()
             };
-            scratch.distinct_new.fill(0);
-            for &(_, a, v) in &distinct[start..d] {
-                let dk = &mut scratch.distinct_key;
-                dk.clear();
-                dk.push(DISTINCT);
-                dk.extend_from_slice(key);
-                dk.push(a);
-                dk.extend_from_slice(v);
-                if !store.contains(dk).map_err(state)? {
-                    store.put(dk, &[]).map_err(state)?;
-                    scratch.distinct_new[usize::from(a)] += 1;
+            let mut new_groups = 0u64;
+            let mut emitted = Vec::new();
+            for (g, values) in &parts[p] {
+                let (g, key) = (*g, &partials.keys[*g]);
+                scratch.distinct_new.fill(0);
+                for &(_, a, v) in &distinct[values.clone()] {
+                    let dk = &mut scratch.distinct_key;
+                    dk.clear();
+                    dk.push(DISTINCT);
+                    dk.extend_from_slice(key);
+                    dk.push(a);
+                    dk.extend_from_slice(v);
+                    if !store.contains(dk).map_err(state)? {
+                        store.put(dk, &[]).map_err(state)?;
+                        scratch.distinct_new[usize::from(a)] += 1;
+                    }
+                }
+                partials
+                    .encode(plan, g, &scratch.distinct_new, &mut scratch.partial)
+                    .map_err(|e| invalid(plan, e))?;
+                scratch.key.clear();
+                scratch.key.push(GROUP);
+                scratch.key.extend_from_slice(key);
+                let old = store.get(&scratch.key).map_err(state)?;
+                let merged: &[u8] = match &old {
+                    None => &scratch.partial,
+                    Some(old) => {
+                        value::merge(plan, old, &scratch.partial, &mut scratch.merged)
+                            .map_err(|e| merge_error(plan, key, e))?;
+                        &scratch.merged
+                    }
+                };
+                store.put(&scratch.key, merged).map_err(state)?;
+                if old.is_none() {
+                    new_groups += 1;
+                }
+                if update {
+                    emitted.push((g, merged.to_vec()));
                 }
             }
-            self.partials
-                .encode(plan, g, &scratch.distinct_new, &mut scratch.partial)
+            Ok::<_, OperatorError>((new_groups, parts[p].len() as u64, emitted))
+        })?;
+        let mut emitted = Vec::new();
+        for (p, (new_groups, updated, merged)) in merged.into_iter().enumerate() {
+            self.state.add_keys(p, new_groups);
+            self.state.updated(updated);
+            emitted.extend(merged);
+        }
+        emitted.sort_unstable_by_key(|(g, _)| *g);
+        for (g, merged) in &emitted {
+            out.add(&self.partials.keys[*g], merged)
                 .map_err(|e| invalid(plan, e))?;
-            scratch.key.clear();
-            scratch.key.push(GROUP);
-            scratch.key.extend_from_slice(key);
-            let old = store.get(&scratch.key).map_err(state)?;
-            let new_group = old.is_none();
-            let merged: &[u8] = match old {
-                None => &scratch.partial,
-                Some(old) => {
-                    value::merge(plan, &old, &scratch.partial, &mut scratch.merged)
-                        .map_err(|e| merge_error(plan, key, e))?;
-                    &scratch.merged
-                }
-            };
-            store.put(&scratch.key, merged).map_err(state)?;
-            if new_group {
-                self.state.add_keys(p, 1);
-            }
-            self.state.updated(1);
-            if plan.mode == OutputMode::Update {
-                out.add(key, merged).map_err(|e| invalid(plan, e))?;
-            }
         }
         Ok(())
     }
@@ -534,7 +556,9 @@ impl AggregateOperator {
     }
 
     /// Removes the groups whose event time is `<= limit` µs from every
-    /// store, adding them to `out` when given (append mode).
+    /// store, adding them to `out` when given (append mode). The partitions
+    /// run on the query's threads; the groups are added in partition order,
+    /// each partition's in key order.
     fn evict(
         &mut self,
         plan: &Plan,
@@ -544,25 +568,20 @@ impl AggregateOperator {
         let (start, end) = Self::expired_range(plan, GROUP, limit);
         let distinct_range = Self::expired_range(plan, DISTINCT, limit);
         let session = plan.is_session();
-        for p in 0..self.state.partitions() {
-            let state = |source| OperatorError::State {
-                operator: plan.name.to_owned(),
-                source,
-            };
+        let state = |source| OperatorError::State {
+            operator: plan.name.to_owned(),
+            source,
+        };
+        let evicted = self.state.each_store(|_, store| {
             let mut expired: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-            self.state
-                .store_mut(p)
+            store
                 .scan(&start, Some(&end), &mut |k, v| {
                     expired.push((k.to_vec(), v.to_vec()));
                     Ok(true)
                 })
                 .map_err(state)?;
-            for (key, value) in &expired {
+            for (key, _) in &expired {
                 let group = &key[1..];
-                if let Some(out) = out.as_deref_mut() {
-                    out.add(group, value).map_err(|e| invalid(plan, e))?;
-                }
-                let store = self.state.store_mut(p);
                 store.delete(key).map_err(state)?;
                 if session && group.len() >= output::WINDOW_BYTES {
                     let mut s = [0u8; 8];
@@ -571,20 +590,28 @@ impl AggregateOperator {
                         .delete(&index_key(unflip_i64(s), &group[16..]))
                         .map_err(state)?;
                 }
-                self.state.remove_keys(p, 1);
-                self.state.removed(1);
             }
             if plan.has_distinct {
                 let mut keys: Vec<Vec<u8>> = Vec::new();
-                self.state
-                    .store_mut(p)
+                store
                     .scan(&distinct_range.0, Some(&distinct_range.1), &mut |k, _| {
                         keys.push(k.to_vec());
                         Ok(true)
                     })
                     .map_err(state)?;
                 for key in &keys {
-                    self.state.store_mut(p).delete(key).map_err(state)?;
+                    store.delete(key).map_err(state)?;
+                }
+            }
+            Ok::<_, OperatorError>(expired)
+        })?;
+        for (p, expired) in evicted.into_iter().enumerate() {
+            let n = expired.len() as u64;
+            self.state.remove_keys(p, n);
+            self.state.removed(n);
+            if let Some(out) = out.as_deref_mut() {
+                for (key, value) in &expired {
+                    out.add(&key[1..], value).map_err(|e| invalid(plan, e))?;
                 }
             }
         }
