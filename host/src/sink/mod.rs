@@ -209,7 +209,7 @@ impl FilesSink {
         })
     }
 
-    /// Encodes a Parquet file's columns on up to `threads` threads.
+    /// Encodes a Parquet file's columns on the free ones of the query's `threads`.
     #[must_use]
     pub fn with_threads(mut self, threads: crate::threads::Threads) -> Self {
         self.writer = self.writer.with_threads(threads);

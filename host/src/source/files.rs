@@ -20,8 +20,10 @@
 //! reads as one, and fails the batch naming it).
 //!
 //! With more than one thread, decoding is most of a small batch's work but only part of it:
-//! the operator, the sink and the commit run on one thread after it. So while they run, the
-//! other threads decode the files the next batch will most likely take ([`FilesSource::read_ahead`]).
+//! the operator, the sink and the commit come after it, on the batch's thread and whatever
+//! helpers the query's thread budget has free. So while they run, the other threads decode
+//! the files the next batch will most likely take ([`FilesSource::read_ahead`]); it has the
+//! helpers first, and gives each back as soon as its part of the decoding is done.
 //! Nothing about the next batch is decided by that: its files are still chosen and recorded
 //! first, and a read-ahead of other files (or of the same names with other sizes) is dropped.
 //!
@@ -601,6 +603,12 @@ struct Finished {
 }
 
 impl Finished {
+    /// Forgets what was decoded, keeping the workers and buffers.
+    fn discard(&mut self) {
+        self.results.clear();
+        self.read_error = None;
+    }
+
     /// Whether every unit decoded and every file was read.
     fn complete(&self) -> bool {
         self.read_error.is_none() && self.results.iter().all(|r| matches!(r, Some(Ok(_))))
@@ -660,26 +668,32 @@ impl Decoding {
     fn cancel(mut self) -> Finished {
         self.job.stop.store(true, Ordering::Relaxed);
         let mut finished = self.join(Vec::new(), false);
-        finished.results.clear();
-        finished.read_error = None;
+        finished.discard();
         finished
     }
 
-    /// Waits for the helpers. A helper that panicked is resumed here with `propagate`, and
-    /// otherwise forgotten with its worker (a new one is made when needed): a read-ahead
-    /// nobody wants must not fail the batch that drops it.
+    /// Waits for the helpers. A helper that panicked is forgotten with its worker (a new one
+    /// is made when needed); with `propagate`, once every helper is joined (the others told
+    /// to stop), its panic is resumed here. Without, a read-ahead nobody wants does not fail
+    /// the batch that drops it.
     fn join(&mut self, mine: Vec<UnitResult>, propagate: bool) -> Finished {
         let mut workers = Vec::with_capacity(self.helpers.len());
         let mut done = mine;
+        let mut panicked = None;
         for helper in self.helpers.drain(..) {
             match helper.join() {
                 Ok((worker, theirs)) => {
                     workers.push(worker);
                     done.extend(theirs);
                 }
-                Err(panic) if propagate => std::panic::resume_unwind(panic),
-                Err(_) => {}
+                Err(panic) => {
+                    self.job.stop.store(true, Ordering::Relaxed);
+                    panicked.get_or_insert(panic);
+                }
             }
+        }
+        if let Some(panic) = panicked.filter(|_| propagate) {
+            std::panic::resume_unwind(panic);
         }
         let units = done.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
         let mut results: Vec<Option<Result<Decoded, SourceError>>> =
@@ -753,8 +767,7 @@ impl FilesSource {
                     self.keep(finished, buf);
                     return result;
                 }
-                finished.results.clear();
-                finished.read_error = None;
+                finished.discard();
                 self.keep(finished, buf);
             }
             Some(ahead) => {
@@ -869,13 +882,20 @@ impl FilesSource {
         };
         let mut buf = std::mem::take(&mut self.buf);
         let decoding = self.start(batch, next, &mut buf, true);
+        self.buf = buf;
         if decoding.helpers.is_empty() {
             // No thread was free: the next batch reads its files itself.
-            let finished = decoding.cancel();
-            self.keep(finished, &mut buf);
+            self.drop_ahead(decoding);
         } else {
             self.ahead = Some(decoding);
         }
+    }
+
+    /// Stops a read-ahead and keeps its workers and buffers.
+    fn drop_ahead(&mut self, ahead: Decoding) {
+        let finished = ahead.cancel();
+        let mut buf = std::mem::take(&mut self.buf);
+        self.keep(finished, &mut buf);
         self.buf = buf;
     }
 
@@ -1135,10 +1155,7 @@ impl Source for FilesSource {
     /// The read-ahead is dropped: the query stops, or the batch's parts are replayed.
     fn end_parts(&mut self) {
         if let Some(ahead) = self.ahead.take() {
-            let finished = ahead.cancel();
-            let mut buf = std::mem::take(&mut self.buf);
-            self.keep(finished, &mut buf);
-            self.buf = buf;
+            self.drop_ahead(ahead);
         }
         self.upcoming.clear();
     }

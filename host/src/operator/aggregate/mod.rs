@@ -256,6 +256,8 @@ impl AggregateOperator {
     /// put per group), emitting the merged groups in update mode. The
     /// partitions run on the query's threads, each over its groups in group
     /// order; the merged groups are emitted in group order after all of them.
+    /// (A failure is the first partition's, where one thread would have met
+    /// another group's first; the batch fails either way.)
     fn merge_groups(
         &mut self,
         plan: &Plan,
@@ -558,7 +560,9 @@ impl AggregateOperator {
     /// Removes the groups whose event time is `<= limit` µs from every
     /// store, adding them to `out` when given (append mode). The partitions
     /// run on the query's threads; the groups are added in partition order,
-    /// each partition's in key order.
+    /// each partition's in key order. (A failure is the first partition's,
+    /// where one thread would have met another partition's first; the batch
+    /// fails either way.)
     fn evict(
         &mut self,
         plan: &Plan,
@@ -572,11 +576,14 @@ impl AggregateOperator {
             operator: plan.name.to_owned(),
             source,
         };
+        // Values are copied only when they are emitted.
+        let emit = out.is_some();
         let evicted = self.state.each_store(|_, store| {
             let mut expired: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
             store
                 .scan(&start, Some(&end), &mut |k, v| {
-                    expired.push((k.to_vec(), v.to_vec()));
+                    let v = if emit { v.to_vec() } else { Vec::new() };
+                    expired.push((k.to_vec(), v));
                     Ok(true)
                 })
                 .map_err(state)?;
