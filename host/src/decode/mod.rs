@@ -715,31 +715,11 @@ fn is_blank(line: &[u8]) -> bool {
     line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r'))
 }
 
-/// Position of the first `\n`, eight bytes at a time.
+/// Position of the first `\n`: `memchr`'s vector search (32 bytes a step with AVX2), where an
+/// eight-byte word loop took half of the line loop's time on lines of 150 bytes.
 #[inline]
 fn find_newline(s: &[u8]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    const NL: u64 = LO * b'\n' as u64;
-    let mut chunks = s.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(word) ^ NL;
-        // The lowest flagged byte is exactly the first zero byte of x (borrows only flag
-        // bytes above a real zero).
-        let found = x.wrapping_sub(LO) & !x & HI;
-        if found != 0 {
-            return Some(at + (found.trailing_zeros() / 8) as usize);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| b == b'\n')
-        .map(|k| at + k)
+    memchr::memchr(b'\n', s)
 }
 
 #[cfg(test)]
