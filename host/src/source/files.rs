@@ -1448,6 +1448,67 @@ mod tests {
         read_batch(files, threads, policy)
     }
 
+    /// A source over `texts` written as `dir/in/f0.json`, ... (oldest first, in name order),
+    /// decoding `{"id": …}` lines with `policy` into batches of 1,000 rows on `threads`
+    /// threads, taking at most `max_files` a batch; its checkpoint in `dir/cp`.
+    fn source_over(
+        dir: &Path,
+        texts: &[String],
+        threads: usize,
+        max_files: Option<usize>,
+        policy: MalformedPolicy,
+    ) -> (Checkpoint, FilesSource) {
+        let input = dir.join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        for (f, text) in texts.iter().enumerate() {
+            let path = input.join(format!("f{f}.json"));
+            std::fs::write(&path, text).unwrap();
+            let mtime = std::time::SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(1_000_000 + f as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(mtime)
+                .unwrap();
+        }
+        let checkpoint = Checkpoint::open(&dir.join("cp")).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let options = DecoderOptions {
+            policy,
+            // Several batches per file, so that the order of batches shows.
+            batch_size: 1000,
+            ..DecoderOptions::default()
+        };
+        let source = FilesSource::open(
+            "orders".into(),
+            0,
+            input,
+            max_files.and_then(NonZeroUsize::new),
+            Decoder::new(schema, options).unwrap(),
+            None,
+            &checkpoint,
+            None,
+        )
+        .unwrap()
+        .with_threads(Threads::new(NonZeroUsize::new(threads).unwrap()));
+        (checkpoint, source)
+    }
+
+    /// The rows of `batches` as JSON objects, in order.
+    fn json_rows(batches: &[RecordBatch]) -> Vec<serde_json::Value> {
+        let mut rows = Vec::new();
+        for b in batches {
+            let mut json = arrow_json::ArrayWriter::new(Vec::new());
+            json.write(b).unwrap();
+            json.finish().unwrap();
+            rows.extend(
+                serde_json::from_slice::<Vec<serde_json::Value>>(&json.into_inner()).unwrap(),
+            );
+        }
+        rows
+    }
+
     /// Batch 0 of `files` (named `f0.json`, ...) read with `policy` on `threads` threads.
     fn read_batch(
         files: Vec<String>,
@@ -1457,30 +1518,7 @@ mod tests {
         let count = files.len();
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
-        std::fs::create_dir_all(&input).unwrap();
-        for (f, text) in files.into_iter().enumerate() {
-            std::fs::write(input.join(format!("f{f}.json")), text).unwrap();
-        }
-        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
-        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
-        let options = DecoderOptions {
-            policy,
-            // Several batches per file, so that the order of batches shows.
-            batch_size: 1000,
-            ..DecoderOptions::default()
-        };
-        let mut source = FilesSource::open(
-            "orders".into(),
-            0,
-            input.clone(),
-            None,
-            Decoder::new(schema, options).unwrap(),
-            None,
-            &checkpoint,
-            None,
-        )
-        .unwrap()
-        .with_threads(Threads::new(NonZeroUsize::new(threads).unwrap()));
+        let (checkpoint, mut source) = source_over(dir.path(), &files, threads, None, policy);
         assert_eq!(source.poll(&checkpoint, false).unwrap(), count as u64);
         plan(&mut source, &checkpoint, 0);
         let batch = source
@@ -1496,16 +1534,8 @@ mod tests {
         assert_eq!(source.workers.len(), used - 1);
         let decoded = batch.decoded;
         let sizes = decoded.batches.iter().map(RecordBatch::num_rows).collect();
-        let mut rows = Vec::new();
-        for b in &decoded.batches {
-            assert!(b.num_rows() <= 1000);
-            let mut json = arrow_json::ArrayWriter::new(Vec::new());
-            json.write(b).unwrap();
-            json.finish().unwrap();
-            let values: Vec<serde_json::Value> =
-                serde_json::from_slice(&json.into_inner()).unwrap();
-            rows.extend(values);
-        }
+        assert!(decoded.batches.iter().all(|b| b.num_rows() <= 1000));
+        let rows = json_rows(&decoded.batches);
         let letters = decoded
             .malformed
             .iter()
@@ -1584,39 +1614,8 @@ mod tests {
     ) -> (Vec<BatchOutcome>, u64) {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
-        std::fs::create_dir_all(&input).unwrap();
-        for (f, text) in texts.iter().enumerate() {
-            let path = input.join(format!("f{f}.json"));
-            std::fs::write(&path, text).unwrap();
-            // Oldest first, in name order.
-            let mtime = std::time::SystemTime::UNIX_EPOCH
-                + std::time::Duration::from_secs(1_000_000 + f as u64);
-            std::fs::File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_modified(mtime)
-                .unwrap();
-        }
-        let checkpoint = Checkpoint::open(&dir.path().join("cp")).unwrap();
-        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
-        let options = DecoderOptions {
-            policy,
-            batch_size: 1000,
-            ..DecoderOptions::default()
-        };
-        let mut source = FilesSource::open(
-            "orders".into(),
-            0,
-            input.clone(),
-            NonZeroUsize::new(per_batch),
-            Decoder::new(schema, options).unwrap(),
-            None,
-            &checkpoint,
-            None,
-        )
-        .unwrap()
-        .with_threads(Threads::new(NonZeroUsize::new(threads).unwrap()));
+        let (checkpoint, mut source) =
+            source_over(dir.path(), texts, threads, Some(per_batch), policy);
         if frozen {
             source.freeze_available().unwrap();
         }
@@ -1630,16 +1629,7 @@ mod tests {
             out.push(
                 read.map(|batch| {
                     let decoded = batch.decoded;
-                    let mut rows = Vec::new();
-                    for b in &decoded.batches {
-                        let mut json = arrow_json::ArrayWriter::new(Vec::new());
-                        json.write(b).unwrap();
-                        json.finish().unwrap();
-                        rows.extend(
-                            serde_json::from_slice::<Vec<serde_json::Value>>(&json.into_inner())
-                                .unwrap(),
-                        );
-                    }
+                    let rows = json_rows(&decoded.batches);
                     let sizes = decoded
                         .batches
                         .iter()

@@ -143,13 +143,7 @@ fn cell(array: &dyn Array, row: usize) -> String {
 
 /// Every output row as `col col …`, sorted.
 fn render(batches: &[RecordBatch]) -> Vec<String> {
-    let mut rows = Vec::new();
-    for b in batches {
-        for r in 0..b.num_rows() {
-            let cells: Vec<String> = b.columns().iter().map(|c| cell(c.as_ref(), r)).collect();
-            rows.push(cells.join(" "));
-        }
-    }
+    let mut rows = render_in_order(batches);
     rows.sort();
     rows
 }
