@@ -61,6 +61,20 @@ impl std::fmt::Display for StoreKind {
     }
 }
 
+/// What an operator's state lookups mostly ask for. It decides whether a RocksDB store's tables
+/// carry bloom filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lookups {
+    /// Keys that may well be absent (deduplication's new keys, aggregation's new groups): a
+    /// table's filter answers most of them without reading a block.
+    #[default]
+    MayMiss,
+    /// Keys numbered in the order they were written (a join's buffered rows and their
+    /// markers): the tables hold disjoint ranges of numbers, so a table's key range already
+    /// rules it out, and a filter would be memory and compaction work that answers nothing.
+    Numbered,
+}
+
 /// Half of RocksDB's memtable: a snapshot's flush then writes a table of a useful size.
 const SNAPSHOT_MIN_BYTES: u64 = 4 * 1024 * 1024;
 /// However small the changelogs, a snapshot is due after this many intervals.
@@ -83,6 +97,8 @@ pub struct StateOptions {
     pub rocks: RocksMemory,
     /// The query's threads, which an operator may spread its partitions' stores over.
     pub threads: crate::threads::Threads,
+    /// What the operator's lookups ask for (set by the operator, not the query).
+    pub lookups: Lookups,
 }
 
 impl Default for StateOptions {
@@ -94,6 +110,7 @@ impl Default for StateOptions {
             snapshot_min_bytes: SNAPSHOT_MIN_BYTES,
             rocks: RocksMemory::default(),
             threads: crate::threads::Threads::default(),
+            lookups: Lookups::default(),
         }
     }
 }
@@ -235,6 +252,7 @@ impl StateStore {
             StoreKind::RocksDb => Box::new(rocks::RocksBackend::open(
                 &dir.join(files::WORK_DIR),
                 &options.rocks,
+                options.lookups,
             )?),
         };
         Ok(Self {

@@ -17,7 +17,7 @@ use rocksdb::{
 };
 
 use super::files::{self, SNAPSHOT_META};
-use super::{Backend, ScanFn, StateError};
+use super::{Backend, Lookups, ScanFn, StateError};
 
 /// Memtable size: large enough that a batch's writes rarely flush mid-batch
 /// (a batch of 25,000 new keys takes about 1 MB), small enough to keep the
@@ -34,6 +34,8 @@ const BLOCK_CACHE_BYTES: usize = 2 * 1024 * 1024;
 const MEMTABLE_BLOOM_RATIO: f64 = 0.05;
 /// Keys per batched lookup (RocksDB itself works through 32 at a time).
 const MULTI_GET_CHUNK: usize = 1024;
+/// A commit's changes are written in `WriteBatch`es of about this size.
+const WRITE_SLICE_BYTES: usize = 256 * 1024;
 
 pub(super) struct RocksBackend {
     dir: PathBuf,
@@ -43,6 +45,7 @@ pub(super) struct RocksBackend {
     /// This store's handles on its query's pool.
     cache: Cache,
     buffers: WriteBufferManager,
+    lookups: Lookups,
 }
 
 /// The memory the RocksDB stores of one query share: one block cache, and one budget for all
@@ -168,7 +171,7 @@ fn fix_mmap_threshold() {
 
 impl RocksBackend {
     /// Opens an empty database in `dir` (which must not exist).
-    pub fn open(dir: &Path, memory: &RocksMemory) -> Result<Self, StateError> {
+    pub fn open(dir: &Path, memory: &RocksMemory, lookups: Lookups) -> Result<Self, StateError> {
         fix_mmap_threshold();
         let (cache, buffers) = memory.join();
         let mut write = WriteOptions::default();
@@ -183,6 +186,7 @@ impl RocksBackend {
             memory: memory.clone(),
             cache,
             buffers,
+            lookups,
         };
         backend.reset(None)?;
         Ok(backend)
@@ -207,8 +211,12 @@ impl RocksBackend {
         opts.set_compaction_style(DBCompactionStyle::Universal);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&self.cache);
-        // Most lookups of deduplication are for keys that are absent.
-        table.set_bloom_filter(10.0, false);
+        // Most lookups of deduplication are for keys that are absent; a join's are for
+        // numbered rows that the tables' key ranges find (a 2,000,000-row attribution join
+        // peaked 5 MB lower without filters, its CPU unchanged: BENCHMARKS.md §14.2).
+        if self.lookups == Lookups::MayMiss {
+            table.set_bloom_filter(10.0, false);
+        }
         table.set_cache_index_and_filter_blocks(false);
         opts.set_block_based_table_factory(&table);
         opts
@@ -308,14 +316,24 @@ impl Backend for RocksBackend {
         &mut self,
         changes: &mut dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     ) -> Result<(), StateError> {
+        // In slices: the changelog is the durable copy and a failed commit reloads the store,
+        // so one write needs no atomicity, and a whole batch's `WriteBatch` (megabytes, per
+        // partition, beside the memtable it is copied into) would only raise the peak.
+        let db = self.db()?;
         let mut batch = WriteBatch::default();
         for (key, value) in changes {
             match value {
                 Some(value) => batch.put(key, value),
                 None => batch.delete(key),
             }
+            if batch.size_in_bytes() >= WRITE_SLICE_BYTES {
+                let full = std::mem::take(&mut batch);
+                db.write_opt(full, &self.write).map_err(|e| self.err(e))?;
+            }
         }
-        let db = self.db()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
         db.write_opt(batch, &self.write).map_err(|e| self.err(e))
     }
 
@@ -376,7 +394,7 @@ mod tests {
         let memory = RocksMemory::default();
         let mut stores: Vec<RocksBackend> = ["a", "b"]
             .iter()
-            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory).unwrap())
+            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory, Lookups::MayMiss).unwrap())
             .collect();
         assert_eq!(memory.shares(), (2, 2 * WRITE_BUFFER_BYTES));
         let value = vec![7u8; 1024];
@@ -421,7 +439,7 @@ mod tests {
         let memory = RocksMemory::default();
         let mut stores: Vec<RocksBackend> = ["a", "b", "c"]
             .iter()
-            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory).unwrap())
+            .map(|d| RocksBackend::open(&tmp.path().join(d), &memory, Lookups::MayMiss).unwrap())
             .collect();
         let value = vec![7u8; 1024];
         let keys: Vec<[u8; 4]> = (0u32..7 * 1024).map(u32::to_be_bytes).collect();
@@ -434,6 +452,56 @@ mod tests {
         }
         for store in &stores {
             assert_eq!(switched_memtables(store), 0);
+        }
+    }
+
+    /// A commit of several write slices lands whole, and a second one deletes across slices.
+    /// Tables of a store of numbered keys carry no bloom filter; the default store's do.
+    #[test]
+    fn large_commits_land_whole_and_numbered_stores_write_no_filters() {
+        let tmp = tempfile::tempdir().unwrap();
+        let value = [3u8; 100];
+        let keys: Vec<[u8; 8]> = (0u64..20_000).map(u64::to_be_bytes).collect();
+        for (dir, lookups) in [
+            ("filtered", Lookups::MayMiss),
+            ("numbered", Lookups::Numbered),
+        ] {
+            let memory = RocksMemory::default();
+            let mut store = RocksBackend::open(&tmp.path().join(dir), &memory, lookups).unwrap();
+            // About 2.4 MB of puts, then 320 KB of deletes: both more than one slice.
+            store
+                .apply(&mut keys.iter().map(|k| (&k[..], Some(&value[..]))))
+                .unwrap();
+            store
+                .apply(&mut keys.iter().step_by(2).map(|k| (&k[..], None)))
+                .unwrap();
+            let mut seen = Vec::new();
+            store
+                .scan(&[], None, &mut |k, v| {
+                    assert_eq!(v, &value[..]);
+                    seen.push(u64::from_be_bytes(k.try_into().unwrap()));
+                    Ok(true)
+                })
+                .unwrap();
+            let odd: Vec<u64> = (0u64..20_000).filter(|k| k % 2 == 1).collect();
+            assert_eq!(seen, odd, "{dir}");
+            let db = store.db().unwrap();
+            db.flush().unwrap();
+            let properties = db
+                .property_value("rocksdb.aggregated-table-properties")
+                .unwrap()
+                .unwrap();
+            let filter_bytes: u64 = properties
+                .split("; ")
+                .find_map(|p| p.strip_prefix("filter block size="))
+                .unwrap_or_else(|| panic!("no filter size in {properties}"))
+                .trim()
+                .parse()
+                .unwrap();
+            match lookups {
+                Lookups::MayMiss => assert!(filter_bytes > 1000, "{dir}: {properties}"),
+                Lookups::Numbered => assert_eq!(filter_bytes, 0, "{dir}: {properties}"),
+            }
         }
     }
 
@@ -462,8 +530,12 @@ mod tests {
                 .collect();
             assert_eq!(levels[0], "0", "files left in L0: {levels:?}");
         }
-        let mut backend =
-            RocksBackend::open(&tmp.path().join("work"), &RocksMemory::default()).unwrap();
+        let mut backend = RocksBackend::open(
+            &tmp.path().join("work"),
+            &RocksMemory::default(),
+            Lookups::MayMiss,
+        )
+        .unwrap();
         backend.reset(Some(&old)).unwrap();
         assert_eq!(
             backend.get(&7u32.to_be_bytes()).unwrap(),

@@ -44,7 +44,7 @@ use crate::operator::partitioned::{KeyCount, PartitionedConfig, PartitionedState
 use crate::operator::stateful::{OperatorMetrics, StateSchema, StatefulContext};
 use crate::spec::{JoinSpec, JoinType};
 use crate::sql::ConditionPlan;
-use crate::state::{StateError, StateOptions};
+use crate::state::{Lookups, StateError, StateOptions};
 
 /// Spark's name for the operator in `stateOperators`.
 pub const OPERATOR: &str = "symmetricHashJoin";
@@ -699,10 +699,15 @@ impl StreamJoin {
                 state.partitions
             )));
         }
+        // Rows and markers are keyed by their sequence numbers.
+        let options = StateOptions {
+            lookups: Lookups::Numbered,
+            ..state.options.clone()
+        };
         let state = PartitionedState::open(&PartitionedConfig {
             dir: state.dir,
             partitions: state.partitions,
-            options: state.options,
+            options: &options,
             count: KeyCount::Entries { per_key: 1 },
         })
         .map_err(|source| JoinError::State {
