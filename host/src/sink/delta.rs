@@ -406,8 +406,9 @@ impl DeltaSink {
             .table
             .as_ref()
             .ok_or_else(|| unreachable_table(&self.options.spec.path, n))?;
-        // deltalake's defaults (snappy), plus a dictionary only where it pays (`dictionary`).
-        let properties = super::dictionary::without_unpaid_dictionaries(
+        // deltalake's defaults (snappy), plus a dictionary only where it pays and integers
+        // without one as deltas (`encoding`).
+        let properties = super::encoding::column_encodings(
             WriterProperties::builder().set_compression(Compression::SNAPPY),
             batches,
         );

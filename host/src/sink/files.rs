@@ -44,7 +44,7 @@ const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The files a [`FilesWriter`] writes: JSON lines (keys in schema order, nulls omitted), CSV
 /// with a header line (RFC 4180 quoting, `\n` line ends, null as an empty field) or Parquet
-/// (snappy-compressed, dictionary-encoded only where it pays).
+/// (snappy-compressed, dictionary-encoded only where it pays, other integers as deltas).
 impl OutputFormat {
     /// The file name extension, without the dot.
     pub fn extension(self) -> &'static str {
@@ -387,8 +387,9 @@ fn write_parquet(
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(row_group_rows));
-    // A dictionary only where it pays, as Spark's writer decides (see `dictionary`).
-    let props = super::dictionary::without_unpaid_dictionaries(props, batches).build();
+    // A dictionary only where it pays, as Spark's writer decides, and integers without one
+    // as deltas (see `encoding`).
+    let props = super::encoding::column_encodings(props, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
     // The types were checked; rebinding to the sink schema drops differences in field
@@ -1156,6 +1157,25 @@ mod tests {
             })
             .collect();
         assert_eq!(dictionary, [false, true, false]);
+        // The ids without a dictionary are deltas; the session strings stay plain.
+        let delta: Vec<bool> = builder
+            .metadata()
+            .row_group(0)
+            .columns()
+            .iter()
+            .map(|c| {
+                c.encodings()
+                    .any(|e| e == parquet::basic::Encoding::DELTA_BINARY_PACKED)
+            })
+            .collect();
+        assert_eq!(delta, [true, false, false]);
+        // Consecutive ids take a few bytes, not 8 a row.
+        let ids = builder.metadata().row_group(0).column(0);
+        assert!(
+            ids.uncompressed_size() < 4_000,
+            "{}",
+            ids.uncompressed_size()
+        );
         let read: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
         assert_eq!(concat_batches(&schema, &read).unwrap(), batch);
     }

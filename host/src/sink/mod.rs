@@ -15,7 +15,7 @@
 pub mod console;
 pub mod delta;
 pub mod delta_merge;
-mod dictionary;
+mod encoding;
 pub mod files;
 pub mod kafka;
 
