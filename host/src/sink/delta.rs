@@ -410,6 +410,7 @@ impl DeltaSink {
         // without one as deltas (`encoding`).
         let properties = super::encoding::column_encodings(
             WriterProperties::builder().set_compression(Compression::SNAPPY),
+            schema,
             batches,
         );
         let mut writer = RecordBatchWriter::for_table(table)

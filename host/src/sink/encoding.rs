@@ -16,17 +16,18 @@
 //! of the bytes, amounts and foreign keys not at all). `DELTA_BINARY_PACKED` stores the
 //! differences between neighbours in as few bits as a block of 32 needs: near-sorted ids and
 //! times take a few bits, small values their own width, and random 64-bit values about 8 bytes,
-//! as plain does. On the bookshop orders the file shrank by 22 % and snappy's share of the CPU
-//! fell from 16 to 9 % (`BENCHMARKS.md` §13.1). It is a Parquet 1.0 encoding that parquet-mr
-//! (Spark, Trino), Spark's vectorized reader since 3.3, arrow (pyarrow, deltalake, DataFusion),
-//! DuckDB and Polars read.
+//! as plain does. On the bookshop orders the files shrank by 22 % and snappy's share of the
+//! CPU fell from 16 to 9 % (`BENCHMARKS.md` §13.1). The encoding is in the Parquet format since
+//! 2.0 (2013), and writers choose it for their "v2" files; the pages around it stay version 1.
+//! parquet-mr (Spark, Trino), Spark's vectorized reader since 3.3, arrow (pyarrow, deltalake,
+//! DataFusion), DuckDB and Polars read it; Spark's vectorized reader before 3.3 does not.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
 };
 use arrow_array::{Array, RecordBatch};
-use arrow_schema::{DataType, TimeUnit};
+use arrow_schema::{DataType, Schema, TimeUnit};
 use foldhash::fast::FixedState;
 use parquet::basic::Encoding;
 use parquet::file::properties::WriterPropertiesBuilder;
@@ -36,24 +37,35 @@ use std::hash::BuildHasher;
 /// Rows sampled per column.
 const SAMPLE_ROWS: usize = 512;
 
-/// `props` with, for each top-level column of the first non-empty batch of `batches` on which a
-/// dictionary would not pay (see [`dictionary_columns`]), the dictionary turned off, and
-/// integers stored as Parquet `INT32` or `INT64` written as deltas.
+/// `props` with, for each top-level column of `schema` (the file's) on which a dictionary would
+/// not pay in the first non-empty batch of `batches` (see [`dictionary_columns`]), the
+/// dictionary turned off, and integers stored as Parquet `INT32` or `INT64` written as deltas.
+/// Columns are paired by position; a column whose type in the batch is not the file's keeps
+/// plain values, and batches of another width leave `props` as they are.
 pub(crate) fn column_encodings(
     mut props: WriterPropertiesBuilder,
+    schema: &Schema,
     batches: &[RecordBatch],
 ) -> WriterPropertiesBuilder {
-    if let Some(first) = batches.iter().find(|b| b.num_rows() > 0) {
-        let schema = first.schema();
-        for (field, dictionary) in schema.fields().iter().zip(dictionary_columns(first)) {
-            if dictionary {
-                continue;
-            }
-            let path = ColumnPath::new(vec![field.name().clone()]);
-            props = props.set_column_dictionary_enabled(path.clone(), false);
-            if stored_as_integers(field.data_type()) {
-                props = props.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
-            }
+    let Some(first) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return props;
+    };
+    if first.num_columns() != schema.fields().len() {
+        return props;
+    }
+    for ((field, column), dictionary) in schema
+        .fields()
+        .iter()
+        .zip(first.columns())
+        .zip(dictionary_columns(first))
+    {
+        if dictionary {
+            continue;
+        }
+        let path = ColumnPath::new(vec![field.name().clone()]);
+        props = props.set_column_dictionary_enabled(path.clone(), false);
+        if stored_as_integers(field.data_type()) && column.data_type() == field.data_type() {
+            props = props.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
         }
     }
     props
@@ -230,13 +242,23 @@ mod tests {
         assert_eq!(dictionary_columns(&moderate), [true, true]);
     }
 
-    /// Columns without a dictionary: integers as Parquet stores them (decimals of up to 18
-    /// digits among them) become deltas; strings and wide decimals stay plain.
+    /// Columns without a dictionary: integers as Parquet stores them (`INT32` for dates and
+    /// decimals of up to 9 digits, `INT64` up to 18) become deltas; strings and wide decimals
+    /// stay plain. The file reads back as written.
     #[test]
     fn integers_without_a_dictionary_are_deltas() {
-        use arrow_array::{ArrayRef, Decimal128Array, TimestampMicrosecondArray};
+        use arrow_array::{ArrayRef, Date32Array, Decimal128Array, TimestampMicrosecondArray};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
         use parquet::file::properties::WriterProperties;
         let n = 10_000_i64;
+        let decimal = |precision: u8, step: i128| -> ArrayRef {
+            Arc::new(
+                Decimal128Array::from_iter_values((0..n).map(|i| i128::from(i) * step))
+                    .with_precision_and_scale(precision, 2)
+                    .unwrap(),
+            )
+        };
         let columns: Vec<(&str, ArrayRef)> = vec![
             ("id", Arc::new(Int64Array::from_iter_values(0..n))),
             (
@@ -246,21 +268,12 @@ mod tests {
                 )),
             ),
             (
-                "amount",
-                Arc::new(
-                    Decimal128Array::from_iter_values((0..n).map(|i| i128::from(i) * 37))
-                        .with_precision_and_scale(12, 2)
-                        .unwrap(),
-                ),
+                "day",
+                Arc::new(Date32Array::from_iter_values((0..n).map(|i| i as i32))),
             ),
-            (
-                "wide",
-                Arc::new(
-                    Decimal128Array::from_iter_values((0..n).map(i128::from))
-                        .with_precision_and_scale(30, 2)
-                        .unwrap(),
-                ),
-            ),
+            ("small", decimal(9, 3)),
+            ("amount", decimal(12, 37)),
+            ("wide", decimal(30, 1)),
             (
                 "session",
                 Arc::new(StringArray::from_iter_values(
@@ -272,41 +285,94 @@ mod tests {
                 Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 7))),
             ),
         ];
-        let schema = Schema::new(
+        let schema = Arc::new(Schema::new(
             columns
                 .iter()
                 .map(|(name, c)| Field::new(*name, c.data_type().clone(), true))
                 .collect::<Vec<_>>(),
-        );
+        ));
         let batch = RecordBatch::try_new(
-            Arc::new(schema),
+            Arc::clone(&schema),
             columns.iter().map(|(_, c)| Arc::clone(c)).collect(),
         )
         .unwrap();
-        let props = column_encodings(WriterProperties::builder(), &[batch]).build();
-        let got: Vec<(&str, bool, Option<Encoding>)> = columns
+        let props = column_encodings(
+            WriterProperties::builder(),
+            &schema,
+            std::slice::from_ref(&batch),
+        )
+        .build();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f.parquet");
+        let mut writer =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props))
+                .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
+        let got: Vec<(&str, bool, bool)> = reader
+            .metadata()
+            .row_group(0)
+            .columns()
             .iter()
-            .map(|(name, _)| {
-                let path = ColumnPath::new(vec![(*name).to_owned()]);
+            .zip(&columns)
+            .map(|(c, (name, _))| {
+                let has = |e| c.encodings().any(|x| x == e);
                 (
                     *name,
-                    props.dictionary_enabled(&path),
-                    props.encoding(&path),
+                    has(Encoding::RLE_DICTIONARY),
+                    has(Encoding::DELTA_BINARY_PACKED),
                 )
             })
             .collect();
-        let delta = Some(Encoding::DELTA_BINARY_PACKED);
         assert_eq!(
             got,
             [
-                ("id", false, delta),
-                ("at", false, delta),
-                ("amount", false, delta),
-                ("wide", false, None),
-                ("session", false, None),
-                ("few", true, None),
+                ("id", false, true),
+                ("at", false, true),
+                ("day", false, true),
+                ("small", false, true),
+                ("amount", false, true),
+                ("wide", false, false),
+                ("session", false, false),
+                ("few", true, false),
             ]
         );
+        let read: Vec<RecordBatch> = reader.build().unwrap().map(Result::unwrap).collect();
+        assert_eq!(
+            arrow_select::concat::concat_batches(&batch.schema(), &read).unwrap(),
+            batch
+        );
+    }
+
+    /// Names and types are the file's: a column the batch holds with another type gets no
+    /// deltas, and a batch of another width changes nothing.
+    #[test]
+    fn the_file_schema_decides_and_a_mismatch_keeps_the_defaults() {
+        use parquet::file::properties::WriterProperties;
+        let unique = batch(
+            (0..10_000).map(|i| i * 7919).collect(),
+            (0..10_000).map(|i| format!("session-{i:08}")).collect(),
+        );
+        let path = |name: &str| ColumnPath::new(vec![name.to_owned()]);
+        let file = Schema::new(vec![
+            Field::new("key", DataType::Float64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]);
+        let props = column_encodings(
+            WriterProperties::builder(),
+            &file,
+            std::slice::from_ref(&unique),
+        )
+        .build();
+        assert!(!props.dictionary_enabled(&path("key")));
+        assert_eq!(props.encoding(&path("key")), None);
+        assert!(props.dictionary_enabled(&path("id")));
+        let narrower = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
+        let props = column_encodings(WriterProperties::builder(), &narrower, &[unique]).build();
+        assert!(props.dictionary_enabled(&path("id")));
+        assert_eq!(props.encoding(&path("id")), None);
     }
 
     #[test]

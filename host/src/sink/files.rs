@@ -389,7 +389,7 @@ fn write_parquet(
         .set_max_row_group_row_count(Some(row_group_rows));
     // A dictionary only where it pays, as Spark's writer decides, and integers without one
     // as deltas (see `encoding`).
-    let props = super::encoding::column_encodings(props, batches).build();
+    let props = super::encoding::column_encodings(props, schema, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
     // The types were checked; rebinding to the sink schema drops differences in field

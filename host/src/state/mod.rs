@@ -69,10 +69,12 @@ pub enum Lookups {
     /// table's filter answers most of them without reading a block.
     #[default]
     MayMiss,
-    /// Keys numbered in the order they were written (a join's buffered rows and their
-    /// markers): the tables hold disjoint ranges of numbers, so a table's key range already
-    /// rules it out, and a filter would be memory and compaction work that answers nothing.
-    Numbered,
+    /// Keys that are present (a join fetches only the buffered rows whose keys matched): a
+    /// filter never spares a lookup that finds nothing, only the search of sorted runs that do
+    /// not hold the key. On the attribution join, tables without filters took 5–10 MB less
+    /// peak memory (their builders in compactions, their blocks in the cache) at no measurable
+    /// CPU cost (`BENCHMARKS.md` §14.2).
+    Present,
 }
 
 /// Half of RocksDB's memtable: a snapshot's flush then writes a table of a useful size.
@@ -185,7 +187,8 @@ trait Backend: Send + std::fmt::Debug {
         sorted: bool,
         values: &mut Vec<Option<Vec<u8>>>,
     ) -> Result<(), StateError>;
-    /// Applies puts (`Some`) and deletes (`None`) in order.
+    /// Applies puts (`Some`) and deletes (`None`) in order. On an error part of them may have
+    /// been applied: the store is not ready until loaded again.
     fn apply<'a>(
         &mut self,
         changes: &mut dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,

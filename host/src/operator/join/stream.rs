@@ -699,9 +699,9 @@ impl StreamJoin {
                 state.partitions
             )));
         }
-        // Rows and markers are keyed by their sequence numbers.
+        // The join fetches only rows whose keys matched.
         let options = StateOptions {
-            lookups: Lookups::Numbered,
+            lookups: Lookups::Present,
             ..state.options.clone()
         };
         let state = PartitionedState::open(&PartitionedConfig {
