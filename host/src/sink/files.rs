@@ -1146,28 +1146,19 @@ mod tests {
             .path
             .unwrap();
         let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
-        let dictionary: Vec<bool> = builder
-            .metadata()
-            .row_group(0)
-            .columns()
-            .iter()
-            .map(|c| {
-                c.encodings()
-                    .any(|e| e == parquet::basic::Encoding::RLE_DICTIONARY)
-            })
-            .collect();
-        assert_eq!(dictionary, [false, true, false]);
+        let with = |encoding| -> Vec<bool> {
+            let columns = builder.metadata().row_group(0).columns();
+            columns
+                .iter()
+                .map(|c| c.encodings().any(|e| e == encoding))
+                .collect()
+        };
+        assert_eq!(
+            with(parquet::basic::Encoding::RLE_DICTIONARY),
+            [false, true, false]
+        );
         // The ids without a dictionary are deltas; the session strings stay plain.
-        let delta: Vec<bool> = builder
-            .metadata()
-            .row_group(0)
-            .columns()
-            .iter()
-            .map(|c| {
-                c.encodings()
-                    .any(|e| e == parquet::basic::Encoding::DELTA_BINARY_PACKED)
-            })
-            .collect();
+        let delta = with(parquet::basic::Encoding::DELTA_BINARY_PACKED);
         assert_eq!(delta, [true, false, false]);
         // Consecutive ids take a few bytes, not 8 a row.
         let ids = builder.metadata().row_group(0).column(0);
