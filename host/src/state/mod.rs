@@ -71,7 +71,7 @@ pub enum Lookups {
     MayMiss,
     /// Keys that are present (a join fetches only the buffered rows whose keys matched): a
     /// filter never spares a lookup that finds nothing, only the search of sorted runs that do
-    /// not hold the key. On the attribution join, tables without filters took 5–10 MB less
+    /// not hold the key. On the attribution join, tables without filters took about 5 MB less
     /// peak memory (their builders in compactions, their blocks in the cache) at no measurable
     /// CPU cost (`BENCHMARKS.md` §14.2).
     Present,

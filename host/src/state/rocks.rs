@@ -458,13 +458,13 @@ mod tests {
     /// more than one slice. Tables of a store of present keys carry no bloom filter; the
     /// default store's do.
     #[test]
-    fn large_commits_land_whole_and_numbered_stores_write_no_filters() {
+    fn large_commits_land_whole_and_stores_of_present_keys_write_no_filters() {
         let tmp = tempfile::tempdir().unwrap();
         let value = [3u8; 100];
         let keys: Vec<[u8; 8]> = (0u64..60_000).map(u64::to_be_bytes).collect();
         for (dir, lookups) in [
             ("filtered", Lookups::MayMiss),
-            ("numbered", Lookups::Present),
+            ("present", Lookups::Present),
         ] {
             let memory = RocksMemory::default();
             let mut store = RocksBackend::open(&tmp.path().join(dir), &memory, lookups).unwrap();
