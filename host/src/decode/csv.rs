@@ -1,4 +1,5 @@
-//! Splitting one CSV line into fields (RFC 4180 quoting) and staging them by column position.
+//! Splitting one CSV line into fields (RFC 4180 quoting) and writing them into the columns by
+//! position.
 //!
 //! Hand-rolled rather than arrow-csv for the same reason as the JSON scanner: Spark's
 //! malformed-record semantics need to know which line and which field failed, and every field
@@ -7,7 +8,7 @@
 //! Limits of this version: a quoted field may not contain a line break (the input is split into
 //! lines first), and a whitespace-only line is skipped like a blank one.
 
-use super::cells::{self, Kind, Slot, Src};
+use super::cells::{self, Kind, Slot};
 use super::{CsvOptions, FieldSpec, RowState};
 
 /// The position of one field in the line.
@@ -87,8 +88,8 @@ fn split(line: &[u8], opts: &CsvOptions, cells: &mut Vec<CsvCell>) -> Result<(),
     }
 }
 
-/// Parses one line into `row.slots`. `Err` is a line-level error (quoting, field count);
-/// conversion failures of single fields are recorded in `row`.
+/// Parses one line into the current row of `row.out`. `Err` is a line-level error (quoting,
+/// field count); conversion failures of single fields are recorded in `row`.
 pub(super) fn parse_line(
     fields: &[FieldSpec],
     row: &mut RowState,
@@ -125,10 +126,10 @@ fn stage(
 ) {
     let empty = cell.start == cell.end;
     if empty && (!cell.quoted || spec.kind != Kind::Utf8) {
-        row.slots.set(f, Slot::Null);
+        row.out.put(f, Slot::Null);
         return;
     }
-    let (src, start, end) = if cell.doubled {
+    let text = if cell.doubled {
         let start = row.scratch.len();
         let raw = &line[cell.start..cell.end];
         let mut k = 0;
@@ -136,27 +137,23 @@ fn stage(
             row.scratch.push(raw[k]);
             k += if raw[k] == quote { 2 } else { 1 };
         }
-        (Src::Scratch, start, row.scratch.len())
+        &row.scratch[start..]
     } else {
-        (Src::Line, cell.start, cell.end)
-    };
-    let text = match src {
-        Src::Line => &line[start..end],
-        Src::Scratch => &row.scratch[start..end],
+        &line[cell.start..cell.end]
     };
     if spec.kind == Kind::Utf8 {
         if utf8_ok || std::str::from_utf8(text).is_ok() {
-            row.slots.set(f, Slot::Str { src, start, end });
+            row.out.put_str(f, text);
         } else {
-            row.slots.set(f, Slot::Null);
+            row.out.put(f, Slot::Null);
             row.field_error(spec, format_args!("invalid UTF-8"));
         }
         return;
     }
     match cells::convert_text(&spec.kind, text, false, &mut row.dates) {
-        Some(slot) => row.slots.set(f, slot),
+        Some(slot) => row.out.put(f, slot),
         None => {
-            row.slots.set(f, Slot::Null);
+            row.out.put(f, Slot::Null);
             let shown = &line[cell.start..cell.end];
             row.cannot_parse(spec, shown, true);
         }

@@ -37,7 +37,7 @@
 //! * `mod.rs` — public API, the line loop, policies, batch cutting.
 //! * `json.rs` — the JSON-lines record scanner.
 //! * `csv.rs` — the CSV line splitter.
-//! * `cells.rs` — staging slots, column buffers, text-to-value conversions.
+//! * `cells.rs` — the batch's columns written a row at a time, text-to-value conversions.
 //! * `timestamp.rs` — ISO-8601 date/timestamp parsing.
 //! * [`dead_letter`] — atomic dead-letter files per batch.
 //! * `parquet_file.rs` — Parquet files, columns by name, cast to the schema.
@@ -57,7 +57,7 @@ use std::sync::Arc;
 use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 
-use self::cells::{Column, Kind, Slots};
+use self::cells::{Column, Kind, Rows};
 
 pub use self::dead_letter::write_dead_letters;
 pub use self::parquet_file::{ParquetDecoder, weir_type};
@@ -248,11 +248,11 @@ pub(crate) struct FieldSpec {
     sql: String,
 }
 
-/// Per-row parse state, reused across rows.
+/// What the parsers write a row into: the batch's columns, and state reused across rows.
 #[derive(Debug, Default)]
 pub(crate) struct RowState {
-    /// One slot per schema field.
-    slots: Slots,
+    /// The batch's columns, one per schema field, being written.
+    out: Rows,
     /// Unescaped strings of this row.
     scratch: Vec<u8>,
     /// The first field error of this row.
@@ -266,7 +266,6 @@ pub(crate) struct RowState {
 impl RowState {
     #[inline]
     fn reset(&mut self) {
-        self.slots.clear();
         self.scratch.clear();
         self.error = None;
     }
@@ -300,11 +299,12 @@ pub struct Decoder {
     output_schema: SchemaRef,
     options: DecoderOptions,
     fields: Vec<FieldSpec>,
-    columns: Vec<Column>,
     corrupt: Option<Column>,
+    /// Rows since the last corrupt one, whose `_corrupt_record` nulls are appended in one go
+    /// (before the next corrupt line, or when the batch is cut).
+    corrupt_nulls: usize,
     row: RowState,
-    /// Rows and line bytes in the batch being built.
-    rows: usize,
+    /// Line bytes in the batch being built.
     batch_bytes: usize,
 }
 
@@ -397,17 +397,16 @@ impl Decoder {
         let permissive = options.policy == MalformedPolicy::Permissive;
         let corrupt = permissive.then(|| Column::new(Kind::Utf8, capacity));
         let row = RowState {
-            slots: Slots::new(fields.len()),
+            out: Rows::new(columns),
             ..RowState::default()
         };
         Self {
             output_schema,
             options,
             fields,
-            columns,
             corrupt,
+            corrupt_nulls: 0,
             row,
-            rows: 0,
             batch_bytes: 0,
         }
     }
@@ -531,10 +530,11 @@ impl Decoder {
             }
             Err(mut e) => {
                 // Drop the partial batch so that the next file starts clean.
-                for c in self.columns.iter_mut().chain(self.corrupt.as_mut()) {
-                    let _partial = c.finish();
+                self.row.out.clear();
+                self.corrupt_nulls = 0;
+                if let Some(c) = &mut self.corrupt {
+                    c.truncate(0);
                 }
-                self.rows = 0;
                 self.batch_bytes = 0;
                 if let DecodeError::Malformed { line, .. } | DecodeError::LineTooLong { line, .. } =
                     &mut e
@@ -617,11 +617,13 @@ impl Decoder {
                 },
             };
             out.num_malformed += 1;
+            // The line's fields are in the columns already: a line left out, or nulled
+            // whole, takes them back.
+            if whole_line || self.options.policy != MalformedPolicy::Permissive {
+                self.row.out.discard_row();
+            }
             match self.options.policy {
                 MalformedPolicy::Permissive => {
-                    if whole_line {
-                        self.row.slots.clear();
-                    }
                     self.commit(line, true, utf8_ok);
                     self.end_row(origin, out)?;
                 }
@@ -644,16 +646,18 @@ impl Decoder {
         self.flush(origin, out)
     }
 
-    /// Appends the staged row; `corrupt` puts the raw line into `_corrupt_record`.
+    /// Completes the row being written (fields it lacks are null); `corrupt` puts the raw
+    /// line into `_corrupt_record`.
     #[inline]
     fn commit(&mut self, line: &[u8], corrupt: bool, utf8_ok: bool) {
-        for (f, column) in self.columns.iter_mut().enumerate() {
-            column.push(&self.row.slots, f, line, &self.row.scratch);
-        }
+        self.row.out.end_row();
         if let Some(c) = &mut self.corrupt {
             if !corrupt {
-                c.push_null();
-            } else if utf8_ok {
+                self.corrupt_nulls += 1;
+                return;
+            }
+            c.push_nulls(std::mem::take(&mut self.corrupt_nulls));
+            if utf8_ok {
                 c.push_str(line);
             } else {
                 c.push_str(String::from_utf8_lossy(line).as_bytes());
@@ -663,8 +667,7 @@ impl Decoder {
 
     #[inline]
     fn end_row(&mut self, origin: &str, out: &mut Decoded) -> Result<(), DecodeError> {
-        self.rows += 1;
-        if self.rows >= self.options.batch_size {
+        if self.row.out.len() >= self.options.batch_size {
             self.flush(origin, out)?;
         }
         Ok(())
@@ -673,22 +676,24 @@ impl Decoder {
     /// Cuts the rows buffered so far into a batch.
     fn flush(&mut self, origin: &str, out: &mut Decoded) -> Result<(), DecodeError> {
         self.batch_bytes = 0;
-        if self.rows == 0 {
+        let rows = self.row.out.len();
+        if rows == 0 {
             return Ok(());
         }
         let arrow = |source| DecodeError::Arrow {
             origin: origin.to_owned(),
             source,
         };
-        let arrays = self
-            .columns
-            .iter_mut()
-            .chain(self.corrupt.as_mut())
-            .map(Column::finish)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(arrow)?;
-        let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
-        self.rows = 0;
+        let arrays = self.row.out.finish();
+        let corrupt = self.corrupt.as_mut().map(|c| {
+            c.push_nulls(std::mem::take(&mut self.corrupt_nulls));
+            c.finish()
+        });
+        let mut arrays = arrays.map_err(arrow)?;
+        if let Some(corrupt) = corrupt {
+            arrays.push(corrupt.map_err(arrow)?);
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
         let batch = RecordBatch::try_new_with_options(self.output_schema.clone(), arrays, &options)
             .map_err(arrow)?;
         out.batches.push(batch);

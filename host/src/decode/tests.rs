@@ -475,15 +475,17 @@ fn invalid_utf8_is_a_field_error() {
     ]));
     let mut input = b"{\"a\":1,\"s\":\"ok\"}\n{\"a\":2,\"s\":\"bad\xff\"}\n".to_vec();
     input.extend_from_slice(b"{\"a\":3,\"s\":\"ok\",\"x\":\"\xfe\"}\n");
+    // A structure read into a string column keeps its text, which must be UTF-8 too.
+    input.extend_from_slice(b"{\"a\":4,\"s\":{\"k\":[\"\xfd\"]}}\n");
     let mut d = Decoder::new(schema.clone(), DecoderOptions::default()).unwrap();
     let mut out = Decoded::default();
     d.decode(&input, "u.json", &mut out).unwrap();
     let b = one_batch(&out);
-    assert_eq!(out.num_malformed, 2);
-    assert_eq!(i64s(b, "a"), vec![Some(1), Some(2), Some(3)]);
+    assert_eq!(out.num_malformed, 3);
+    assert_eq!(i64s(b, "a"), vec![Some(1), Some(2), Some(3), Some(4)]);
     assert_eq!(
         strs(b, "s"),
-        vec![Some("ok".into()), None, Some("ok".into())]
+        vec![Some("ok".into()), None, Some("ok".into()), None]
     );
     let corrupt = strs(b, CORRUPT_RECORD_COLUMN);
     assert_eq!(
@@ -491,6 +493,10 @@ fn invalid_utf8_is_a_field_error() {
         Some("{\"a\":2,\"s\":\"bad\u{FFFD}\"}")
     );
     assert!(corrupt[2].is_some());
+    assert_eq!(
+        corrupt[3].as_deref(),
+        Some("{\"a\":4,\"s\":{\"k\":[\"\u{FFFD}\"]}}")
+    );
 
     let mut d = Decoder::new(schema, options(Format::JsonLines, MalformedPolicy::Fail)).unwrap();
     let err = d
@@ -884,4 +890,130 @@ fn small_files_stay_whole() {
             header: false
         }]
     );
+}
+
+/// Fields are written into the columns as they are parsed; a row left out or nulled whole
+/// must take back every value it wrote (strings included), a repeated key its first value.
+#[test]
+fn rows_taken_back_leave_no_trace_of_their_fields() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("d", DataType::Decimal128(12, 2), true),
+    ]));
+    let input = concat!(
+        "{\"a\":1,\"s\":\"one\",\"d\":1.5}\n",
+        // syntax error after two fields and a repeated string key
+        "{\"s\":\"gone\",\"a\":2,\"s\":\"gone again\",\"d\":2\n",
+        // a field error after a string
+        "{\"s\":\"bad\",\"a\":3,\"d\":\"N/A\"}\n",
+        // a repeated key replaces its first value, in a kept row
+        "{\"s\":\"first\",\"a\":4,\"s\":\"last\",\"a\":5}\n",
+        "{\"d\":6.25,\"s\":\"six\"}\n",
+    );
+    let drop = decode_with(
+        Arc::clone(&schema),
+        options(Format::JsonLines, MalformedPolicy::Drop),
+        input,
+    );
+    let dead = decode_with(
+        Arc::clone(&schema),
+        options(Format::JsonLines, MalformedPolicy::DeadLetter),
+        input,
+    );
+    for out in [&drop, &dead] {
+        let b = one_batch(out);
+        assert_eq!(out.num_malformed, 2);
+        assert_eq!(i64s(b, "a"), vec![Some(1), Some(5), None]);
+        assert_eq!(
+            strs(b, "s"),
+            vec![Some("one".into()), Some("last".into()), Some("six".into())]
+        );
+        assert_eq!(decs(b, "d"), vec![Some(150), None, Some(625)]);
+    }
+    let out = decode_with(schema, DecoderOptions::default(), input);
+    let b = one_batch(&out);
+    assert_eq!(i64s(b, "a"), vec![Some(1), None, Some(3), Some(5), None]);
+    assert_eq!(
+        strs(b, "s"),
+        vec![
+            Some("one".into()),
+            None,
+            Some("bad".into()),
+            Some("last".into()),
+            Some("six".into())
+        ]
+    );
+    assert_eq!(decs(b, "d"), vec![Some(150), None, None, None, Some(625)]);
+    let corrupt = strs(b, CORRUPT_RECORD_COLUMN);
+    assert_eq!(corrupt.iter().flatten().count(), 2);
+    assert_eq!(corrupt[1].as_deref(), input.lines().nth(1));
+}
+
+/// JSON numbers convert from the digits the scanner reads; at the edges (19 and 20 digits,
+/// the ends of i64, fractions to round, exponents) they agree with the text conversions.
+#[test]
+fn json_numbers_at_the_edges_of_their_types() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("l", DataType::Int64, true),
+        Field::new("i", DataType::Int32, true),
+        Field::new("d", DataType::Decimal128(20, 2), true),
+        Field::new("p", DataType::Decimal128(3, 1), true),
+    ]));
+    let rows = [
+        (
+            r#"-9223372036854775808"#,
+            r#"-2147483648"#,
+            r#"12345678901234567.89"#,
+            "99.9",
+        ),
+        (
+            r#"9223372036854775808"#,
+            r#"2147483648"#,
+            r#"123456789012345678.91"#,
+            "99.95",
+        ),
+        (r#"-0"#, r#"0"#, r#"-0.005"#, "-9.94"),
+        (
+            r#"10000000000000000000"#,
+            r#"-2147483649"#,
+            r#"1.5e3"#,
+            "100",
+        ),
+        (r#"1234567890123456789"#, r#"7"#, r#"0.1234"#, "-0.05"),
+    ];
+    let input: Vec<String> = rows
+        .iter()
+        .map(|(l, i, d, p)| format!(r#"{{"l":{l},"i":{i},"d":{d},"p":{p}}}"#))
+        .collect();
+    let out = decode_with(schema, DecoderOptions::default(), &input.join("\n"));
+    let b = one_batch(&out);
+    assert_eq!(
+        i64s(b, "l"),
+        vec![
+            Some(i64::MIN),
+            None,
+            Some(0),
+            None,
+            Some(1_234_567_890_123_456_789)
+        ]
+    );
+    let ints: Vec<_> = col(b, "i").as_primitive::<Int32Type>().iter().collect();
+    assert_eq!(ints, vec![Some(i32::MIN), None, Some(0), None, Some(7)]);
+    assert_eq!(
+        decs(b, "d"),
+        vec![
+            Some(1_234_567_890_123_456_789),
+            Some(12_345_678_901_234_567_891),
+            Some(-1),
+            Some(150_000),
+            Some(12)
+        ]
+    );
+    // 99.95 rounds up past DECIMAL(3,1); -0.05 rounds away from zero.
+    assert_eq!(
+        decs(b, "p"),
+        vec![Some(999), None, Some(-99), None, Some(-1)]
+    );
+    assert_eq!(out.num_malformed, 2, "the second and fourth lines");
 }

@@ -58,7 +58,8 @@ fn parse_date_prefix(s: &[u8]) -> Option<i64> {
 /// The last date parsed: consecutive rows nearly always share it.
 #[derive(Debug, Default)]
 pub(super) struct DateCache {
-    key: Option<[u8; 10]>,
+    /// The ten bytes of `YYYY-MM-DD` as two words (compared without a `memcmp` call).
+    key: Option<(u64, u16)>,
     days: i64,
 }
 
@@ -67,13 +68,17 @@ impl DateCache {
     #[inline]
     fn days(&mut self, s: &[u8]) -> Option<i64> {
         let key = s.get(..10)?;
-        if self.key.as_ref().is_some_and(|k| k == key) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&key[..8]);
+        let key = (
+            u64::from_le_bytes(head),
+            u16::from_le_bytes([key[8], key[9]]),
+        );
+        if self.key == Some(key) {
             return Some(self.days);
         }
         let days = parse_date_prefix(s)?;
-        let mut k = [0u8; 10];
-        k.copy_from_slice(key);
-        self.key = Some(k);
+        self.key = Some(key);
         self.days = days;
         Some(days)
     }

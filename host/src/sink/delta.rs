@@ -407,7 +407,7 @@ impl DeltaSink {
             .as_ref()
             .ok_or_else(|| unreachable_table(&self.options.spec.path, n))?;
         // deltalake's defaults (snappy), plus a dictionary only where it pays and integers
-        // without one as deltas (`encoding`).
+        // and strings without one as deltas (`encoding`).
         let properties = super::encoding::column_encodings(
             WriterProperties::builder().set_compression(Compression::SNAPPY),
             schema,

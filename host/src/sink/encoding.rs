@@ -1,5 +1,5 @@
-//! How each column of a Parquet file is encoded: a dictionary only where it pays, and integers
-//! the dictionary leaves alone as deltas.
+//! How each column of a Parquet file is encoded: a dictionary only where it pays, and the
+//! integers and strings the dictionary leaves alone as deltas.
 //!
 //! Why the dictionary question: the Parquet writer of the `parquet` crate dictionary-encodes
 //! every column until the dictionary reaches 1 MB, hashing and interning each value on the way.
@@ -9,7 +9,9 @@
 //! only when it shrinks the first page (`isCompressionSatisfying`: dictionary plus indices
 //! smaller than the plain values) and falls back to plain otherwise. We decide the same question
 //! once per file, before writing, from a sample of the first batch, and leave the dictionary on
-//! wherever in doubt.
+//! wherever in doubt, except that for integers the alternative is deltas (below), which beat a
+//! dictionary of thousands of values in a narrow range (amounts, counts): there the sample
+//! weighs the two sizes.
 //!
 //! Why deltas: an integer column without a dictionary (ids, event times, amounts) written plain
 //! takes 8 bytes a value, which snappy then scans and barely shrinks (ids and times to 0.5–0.65
@@ -17,10 +19,21 @@
 //! differences between neighbours in as few bits as a block of 32 needs: near-sorted ids and
 //! times take a few bits, small values their own width, and random 64-bit values about 8 bytes,
 //! as plain does. On the bookshop orders the files shrank by 22 % and snappy's share of the
-//! CPU fell from 16 to 9 % (`BENCHMARKS.md` §13.1). The encoding is in the Parquet format since
-//! 2.0 (2013), and writers choose it for their "v2" files; the pages around it stay version 1.
-//! parquet-mr (Spark, Trino), Spark's vectorized reader since 3.3, arrow (pyarrow, deltalake,
-//! DataFusion), DuckDB and Polars read it; Spark's vectorized reader before 3.3 does not.
+//! CPU fell from 16 to 9 % (`BENCHMARKS.md` §13.1).
+//!
+//! Strings without a dictionary (session ids, URLs, free text) are written `DELTA_BYTE_ARRAY`:
+//! each value as the length of the prefix it shares with the previous one and the rest, the
+//! lengths as deltas. Plain strings carry a 4-byte length each, and neighbours' shared prefixes
+//! in full, which snappy then has to find again; the delta form leaves both out, so the file
+//! is smaller before compression (session ids: 217 KB plain, 163 KB as deltas, 166 KB plain
+//! after snappy) and snappy, which finds little left to shrink, passes over it quickly
+//! (`BENCHMARKS.md` §13.2).
+//!
+//! Both encodings are in the Parquet format since 2.0 (2013), and writers choose them for their
+//! "v2" files (parquet-mr's v2 writer picks `DELTA_BYTE_ARRAY` for strings); the pages around
+//! them stay version 1. parquet-mr (Spark, Trino), Spark's vectorized reader since 3.3, arrow
+//! (pyarrow, deltalake, DataFusion), DuckDB (0.8 and later) and Polars read them; Spark's
+//! vectorized reader before 3.3 does not.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -39,9 +52,12 @@ const SAMPLE_ROWS: usize = 512;
 
 /// `props` with, for each top-level column of `schema` (the file's) on which a dictionary would
 /// not pay in the first non-empty batch of `batches` (see [`dictionary_columns`]), the
-/// dictionary turned off, and integers stored as Parquet `INT32` or `INT64` written as deltas.
+/// dictionary turned off, integers stored as Parquet `INT32` or `INT64` written as
+/// `DELTA_BINARY_PACKED` and strings and binaries as `DELTA_BYTE_ARRAY`.
 /// Columns are paired by position; a column whose type in the batch is not the file's keeps
-/// plain values, and batches of another width leave `props` as they are.
+/// plain values, a name the schema holds twice keeps the defaults (the properties are by
+/// name, and the parquet crate panics on an encoding its column's type lacks), and batches of
+/// another width leave `props` as they are.
 pub(crate) fn column_encodings(
     mut props: WriterPropertiesBuilder,
     schema: &Schema,
@@ -59,13 +75,23 @@ pub(crate) fn column_encodings(
         .zip(first.columns())
         .zip(dictionary_columns(first))
     {
-        if dictionary {
+        let unique = || {
+            schema
+                .fields()
+                .iter()
+                .filter(|f| f.name() == field.name())
+                .count()
+                == 1
+        };
+        if dictionary || !unique() {
             continue;
         }
         let path = ColumnPath::new(vec![field.name().clone()]);
         props = props.set_column_dictionary_enabled(path.clone(), false);
         if stored_as_integers(field.data_type()) && column.data_type() == field.data_type() {
             props = props.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
+        } else if stored_as_bytes(field.data_type()) && column.data_type() == field.data_type() {
+            props = props.set_column_encoding(path, Encoding::DELTA_BYTE_ARRAY);
         }
     }
     props
@@ -81,14 +107,29 @@ fn stored_as_integers(data_type: &DataType) -> bool {
     }
 }
 
+/// Whether the Parquet writer stores values of `data_type` as `BYTE_ARRAY`.
+fn stored_as_bytes(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+    )
+}
+
 /// For each column of `batch` (top level, in order): `false` when dictionary encoding would
 /// not pay on a file of this batch's values, `true` otherwise (the default).
 ///
 /// The sample's distinct count `d` among `s` non-null values: `d < s / 2` is plainly low
 /// cardinality; otherwise the sample's repeats estimate the batch's distinct values by the
-/// birthday bound (`s² / (2 · repeats)`; no repeat at all: plain), and a dictionary whose values would be more than
-/// half the batch's rows costs more than it saves (the dictionary stores them all, plus an
-/// index of several bits per row). Types other than the flat primitives and strings keep the
+/// birthday bound (`s² / (2 · repeats)`; no repeat at all: plain), and a dictionary whose
+/// values would be more than half the batch's rows costs more than it saves (the dictionary
+/// stores them all, plus an index of several bits per row). For values Parquet stores as
+/// integers the alternative is deltas, not plain values, and the dictionary must also beat
+/// them (see [`Integers`]). Types other than the flat primitives and strings keep the
 /// dictionary.
 fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
     batch
@@ -100,8 +141,8 @@ fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
                 // Small files: the dictionary costs little either way.
                 return true;
             }
-            match sample_keys(column.as_ref()) {
-                Some(mut keys) => pays(&mut keys, rows),
+            match sample(column.as_ref()) {
+                Some(mut sample) => pays(&mut sample, rows),
                 None => true,
             }
         })
@@ -116,77 +157,184 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Whether a dictionary pays for a column of `rows` non-null values whose sample is `keys`.
-fn pays(keys: &mut [u64], rows: usize) -> bool {
+/// What the dictionary decision reads from a column.
+struct Sample {
+    /// One 64-bit key per sampled non-null value (strings hashed).
+    keys: Vec<u64>,
+    /// For values Parquet stores as integers: what deltas would cost.
+    integers: Option<Integers>,
+}
+
+/// The size of an integer column's two encodings, from its sample.
+///
+/// Deltas take, per value, the bits of the largest difference between neighbours in a block
+/// (at most the sample's range, and a sign bit); a dictionary takes each distinct value at
+/// full width plus an index of `log2(distinct)` bits per row. Amounts in cents between 5 and
+/// 50 currency units, 4,500 values in 10,000 rows, are the case in point: a dictionary of
+/// 36 KB plus 13-bit indices, or 14-bit deltas, less than half of it.
+struct Integers {
+    /// Bits of `max - min` over the sample.
+    range_bits: u32,
+    /// Bytes of one value as Parquet stores it (4 or 8).
+    width: usize,
+}
+
+/// Whether a dictionary pays for a column of `rows` non-null values with this sample.
+fn pays(sample: &mut Sample, rows: usize) -> bool {
+    let keys = &mut sample.keys;
     let s = keys.len();
     if s < 2 {
         return true;
     }
     keys.sort_unstable();
     let distinct = 1 + keys.windows(2).filter(|w| w[0] != w[1]).count();
-    if 2 * distinct < s {
+    let estimated_distinct = if 2 * distinct < s {
+        distinct as f64
+    } else {
+        let repeats = s - distinct;
+        if repeats == 0 {
+            // No value seen twice: no evidence that a dictionary would be smaller.
+            return false;
+        }
+        let estimated = (s * s) as f64 / (2.0 * repeats as f64);
+        if estimated >= rows as f64 / 2.0 {
+            return false;
+        }
+        estimated
+    };
+    let Some(integers) = &sample.integers else {
         return true;
-    }
-    let repeats = s - distinct;
-    if repeats == 0 {
-        // No value seen twice: no evidence that a dictionary would be smaller.
-        return false;
-    }
-    let estimated_distinct = (s * s) as f64 / (2.0 * repeats as f64);
-    estimated_distinct < rows as f64 / 2.0
+    };
+    let rows = rows as f64;
+    let index_bits = estimated_distinct.max(2.0).log2().ceil();
+    let dictionary = estimated_distinct * integers.width as f64 + rows * index_bits / 8.0;
+    let deltas = rows * f64::from(integers.range_bits + 1) / 8.0;
+    dictionary < deltas
 }
 
-/// One 64-bit key per sampled non-null value (strings hashed), or `None` for a type this
-/// module leaves alone.
-fn sample_keys(column: &dyn Array) -> Option<Vec<u64>> {
+/// Bits of the difference between the largest and the smallest of `values`.
+fn range_bits(values: impl Iterator<Item = i128>) -> u32 {
+    let (lo, hi) = values.fold((i128::MAX, i128::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return 0;
+    }
+    128 - hi.abs_diff(lo).leading_zeros()
+}
+
+/// The sample of `column`, or `None` for a type this module leaves alone.
+fn sample(column: &dyn Array) -> Option<Sample> {
     let len = column.len() as u64;
     // Rows at pseudo-random positions (the same on every run): evenly spaced ones would
     // alias with periodic data, seeing `i % 500` as 500 distinct values and no repeat.
-    let rows = (0..SAMPLE_ROWS as u64)
+    let rows: Vec<usize> = (0..SAMPLE_ROWS as u64)
         .map(|k| (mix(k) % len) as usize)
-        .filter(|&i| column.is_valid(i));
-    let keys = match column.data_type() {
+        .filter(|&i| column.is_valid(i))
+        .collect();
+    // Integers: their keys, and the bits of their range at `width` bytes a value.
+    let integers = |values: Vec<i128>, width: usize| Sample {
+        keys: values.iter().map(|&v| v as u64).collect(),
+        integers: Some(Integers {
+            range_bits: range_bits(values.into_iter()),
+            width,
+        }),
+    };
+    let keys = |keys: Vec<u64>| Sample {
+        keys,
+        integers: None,
+    };
+    Some(match column.data_type() {
         DataType::Int32 => {
             let values = column.as_primitive::<Int32Type>().values();
-            rows.map(|i| values[i] as u64).collect()
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 4)
         }
         DataType::Int64 => {
             let values = column.as_primitive::<Int64Type>().values();
-            rows.map(|i| values[i] as u64).collect()
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 8)
         }
         DataType::Date32 => {
             let values = column.as_primitive::<Date32Type>().values();
-            rows.map(|i| values[i] as u64).collect()
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 4)
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
             let values = column.as_primitive::<TimestampMicrosecondType>().values();
-            rows.map(|i| values[i] as u64).collect()
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 8)
         }
         DataType::Float64 => {
             let values = column.as_primitive::<Float64Type>().values();
-            rows.map(|i| values[i].to_bits()).collect()
+            keys(rows.iter().map(|&i| values[i].to_bits()).collect())
+        }
+        DataType::Decimal128(precision, _) if *precision <= 18 => {
+            let values = column.as_primitive::<Decimal128Type>().values();
+            let width = if *precision <= 9 { 4 } else { 8 };
+            integers(rows.iter().map(|&i| values[i]).collect(), width)
         }
         DataType::Decimal128(_, _) => {
             let values = column.as_primitive::<Decimal128Type>().values();
-            rows.map(|i| {
-                let v = values[i] as u128;
-                (v as u64) ^ ((v >> 64) as u64).rotate_left(29)
-            })
-            .collect()
+            keys(
+                rows.iter()
+                    .map(|&i| {
+                        let v = values[i] as u128;
+                        (v as u64) ^ ((v >> 64) as u64).rotate_left(29)
+                    })
+                    .collect(),
+            )
         }
         DataType::Utf8 => {
             let values = column.as_string::<i32>();
             let hasher = FixedState::with_seed(0);
-            rows.map(|i| hasher.hash_one(values.value(i))).collect()
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
         }
         DataType::Utf8View => {
             let values = column.as_string_view();
             let hasher = FixedState::with_seed(0);
-            rows.map(|i| hasher.hash_one(values.value(i))).collect()
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
+        }
+        DataType::LargeUtf8 => {
+            let values = column.as_string::<i64>();
+            let hasher = FixedState::with_seed(0);
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
+        }
+        DataType::Binary => {
+            let values = column.as_binary::<i32>();
+            let hasher = FixedState::with_seed(0);
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
+        }
+        DataType::LargeBinary => {
+            let values = column.as_binary::<i64>();
+            let hasher = FixedState::with_seed(0);
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
+        }
+        DataType::BinaryView => {
+            let values = column.as_binary_view();
+            let hasher = FixedState::with_seed(0);
+            keys(
+                rows.iter()
+                    .map(|&i| hasher.hash_one(values.value(i)))
+                    .collect(),
+            )
         }
         _ => return None,
-    };
-    Some(keys)
+    })
 }
 
 #[cfg(test)]
@@ -222,9 +370,12 @@ mod tests {
         );
         assert_eq!(dictionary_columns(&unique), [false, false]);
 
+        // Four ids far apart: a 2-bit index beats 33-bit deltas.
         let statuses = ["completed", "pending", "cancelled", "refunded"];
         let repeated = batch(
-            (0..n).map(|i| i % 500).collect(),
+            (0..n)
+                .map(|i| 1_000_000_000_000 + (i % 4) * 1_000_000_007)
+                .collect(),
             (0..n)
                 .map(|i| statuses[i as usize % 4].to_owned())
                 .collect(),
@@ -232,21 +383,51 @@ mod tests {
         assert_eq!(dictionary_columns(&repeated), [true, true]);
 
         // A fifth as many distinct values as rows: every value about five times. Few repeats
-        // in the sample, yet the birthday estimate sees that the dictionary pays.
+        // in the sample, yet the birthday estimate sees that the dictionary pays (for the
+        // strings; the integers, all below 2,000, are smaller as deltas).
         // Values drawn pseudo-randomly (an evenly spaced sample of `i % m` could alias).
         let draw = |i: i64| (mix(i as u64) % (n as u64 / 5)) as i64;
         let moderate = batch(
             (0..n).map(draw).collect(),
             (0..n).map(|i| format!("c{}", draw(i + n))).collect(),
         );
-        assert_eq!(dictionary_columns(&moderate), [true, true]);
+        assert_eq!(dictionary_columns(&moderate), [false, true]);
+    }
+
+    /// Integers weigh a dictionary against deltas: few values far apart keep it; amounts
+    /// (thousands of distinct values in a narrow range) and small cycles are deltas.
+    #[test]
+    fn integers_keep_the_dictionary_only_where_it_beats_deltas() {
+        use arrow_array::Decimal128Array;
+        let n = 10_000_i64;
+        let decide = |values: Vec<i128>, precision: u8| {
+            let column = Decimal128Array::from_iter_values(values)
+                .with_precision_and_scale(precision, 2)
+                .unwrap();
+            let schema = Schema::new(vec![Field::new("v", column.data_type().clone(), true)]);
+            let batch = RecordBatch::try_new(Arc::new(schema), vec![Arc::new(column)]).unwrap();
+            dictionary_columns(&batch)[0]
+        };
+        // Amounts from 5.00 to 49.99: about 4,500 values, 13 bits of range.
+        let amounts = |i: i64| 500 + i128::from(mix(i as u64) % 4_500);
+        assert!(!decide((0..n).map(amounts).collect(), 12));
+        assert!(!decide((0..n).map(amounts).collect(), 9));
+        // Seven prices, from 10.00 to 10,000,000.00: the dictionary.
+        let prices = |i: i64| 100 * 10_i128.pow((mix(i as u64) % 20) as u32 / 3 + 1);
+        assert!(decide((0..n).map(prices).collect(), 12));
+        let ids = |values: Vec<i64>| {
+            let b = batch(values, (0..n).map(|i| i.to_string()).collect());
+            dictionary_columns(&b)[0]
+        };
+        assert!(!ids((0..n).map(|i| i % 500).collect()));
+        assert!(ids((0..n).map(|i| (i % 3) << 40).collect()));
     }
 
     /// Columns without a dictionary: integers as Parquet stores them (`INT32` for dates and
-    /// decimals of up to 9 digits, `INT64` up to 18) become deltas; strings and wide decimals
-    /// stay plain. The file reads back as written.
+    /// decimals of up to 9 digits, `INT64` up to 18) and strings become deltas; wide decimals
+    /// stay plain. The file reads back as written, nulls and empty strings included.
     #[test]
-    fn integers_without_a_dictionary_are_deltas() {
+    fn integers_and_strings_without_a_dictionary_are_deltas() {
         use arrow_array::{ArrayRef, Date32Array, Decimal128Array, TimestampMicrosecondArray};
         use parquet::arrow::ArrowWriter;
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -281,6 +462,14 @@ mod tests {
                 )),
             ),
             (
+                "url",
+                Arc::new(StringArray::from_iter((0..n).map(|i| match i % 500 {
+                    0 | 250 => None,
+                    1 => Some(String::new()),
+                    _ => Some(format!("https://example.com/book/{i}")),
+                }))),
+            ),
+            (
                 "few",
                 Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 7))),
             ),
@@ -311,7 +500,7 @@ mod tests {
         writer.close().unwrap();
         let reader =
             ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
-        let got: Vec<(&str, bool, bool)> = reader
+        let got: Vec<(&str, bool, bool, bool)> = reader
             .metadata()
             .row_group(0)
             .columns()
@@ -323,20 +512,22 @@ mod tests {
                     *name,
                     has(Encoding::RLE_DICTIONARY),
                     has(Encoding::DELTA_BINARY_PACKED),
+                    has(Encoding::DELTA_BYTE_ARRAY),
                 )
             })
             .collect();
         assert_eq!(
             got,
             [
-                ("id", false, true),
-                ("at", false, true),
-                ("day", false, true),
-                ("small", false, true),
-                ("amount", false, true),
-                ("wide", false, false),
-                ("session", false, false),
-                ("few", true, false),
+                ("id", false, true, false),
+                ("at", false, true, false),
+                ("day", false, true, false),
+                ("small", false, true, false),
+                ("amount", false, true, false),
+                ("wide", false, false, false),
+                ("session", false, false, true),
+                ("url", false, false, true),
+                ("few", true, false, false),
             ]
         );
         let read: Vec<RecordBatch> = reader.build().unwrap().map(Result::unwrap).collect();
@@ -368,7 +559,25 @@ mod tests {
         .build();
         assert!(!props.dictionary_enabled(&path("key")));
         assert_eq!(props.encoding(&path("key")), None);
+        assert_eq!(
+            props.encoding(&path("name")),
+            Some(Encoding::DELTA_BYTE_ARRAY)
+        );
         assert!(props.dictionary_enabled(&path("id")));
+        // Two columns of one name (one integer, one string) share their properties: neither
+        // gets an encoding the other's type lacks.
+        let twice = Schema::new(vec![
+            Field::new("x", DataType::Int64, true),
+            Field::new("x", DataType::Utf8, true),
+        ]);
+        let props = column_encodings(
+            WriterProperties::builder(),
+            &twice,
+            std::slice::from_ref(&unique),
+        )
+        .build();
+        assert!(props.dictionary_enabled(&path("x")));
+        assert_eq!(props.encoding(&path("x")), None);
         let narrower = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
         let props = column_encodings(WriterProperties::builder(), &narrower, &[unique]).build();
         assert!(props.dictionary_enabled(&path("id")));

@@ -44,7 +44,8 @@ const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The files a [`FilesWriter`] writes: JSON lines (keys in schema order, nulls omitted), CSV
 /// with a header line (RFC 4180 quoting, `\n` line ends, null as an empty field) or Parquet
-/// (snappy-compressed, dictionary-encoded only where it pays, other integers as deltas).
+/// (snappy-compressed, dictionary-encoded only where it pays, other integers and strings as
+/// deltas).
 impl OutputFormat {
     /// The file name extension, without the dot.
     pub fn extension(self) -> &'static str {
@@ -387,8 +388,8 @@ fn write_parquet(
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(row_group_rows));
-    // A dictionary only where it pays, as Spark's writer decides, and integers without one
-    // as deltas (see `encoding`).
+    // A dictionary only where it pays, as Spark's writer decides, and integers and strings
+    // without one as deltas (see `encoding`).
     let props = super::encoding::column_encodings(props, schema, batches).build();
     let mut writer =
         ArrowWriter::try_new(file, Arc::clone(schema), Some(props)).map_err(parquet_error)?;
@@ -1157,9 +1158,12 @@ mod tests {
             with(parquet::basic::Encoding::RLE_DICTIONARY),
             [false, true, false]
         );
-        // The ids without a dictionary are deltas; the session strings stay plain.
+        // Without a dictionary, the ids are integer deltas and the session strings deltas of
+        // byte arrays.
         let delta = with(parquet::basic::Encoding::DELTA_BINARY_PACKED);
         assert_eq!(delta, [true, false, false]);
+        let delta = with(parquet::basic::Encoding::DELTA_BYTE_ARRAY);
+        assert_eq!(delta, [false, false, true]);
         // Consecutive ids take a few bytes, not 8 a row.
         let ids = builder.metadata().row_group(0).column(0);
         assert!(
