@@ -1017,3 +1017,62 @@ fn json_numbers_at_the_edges_of_their_types() {
     );
     assert_eq!(out.num_malformed, 2, "the second and fourth lines");
 }
+
+/// Where lines end: CRLF, trailing whitespace, blank lines, a record over two lines, text after
+/// the object, and a last line without a line break, with their line numbers and raw text.
+#[test]
+fn lines_end_at_line_breaks_with_their_numbers_and_text() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let input = concat!(
+        "{\"a\":1,\"s\":\"x\"}\r\n",
+        "{\"a\":2} \t\r\n",
+        "\n",
+        "  {\"a\":3}\n",
+        "{\"a\":4,\n",
+        "\"s\":\"y\"}\n",
+        "{\"a\":5} {\"a\":6}\n",
+        "{\"a\":\"bad\",\"s\":\"z\"}\r\n",
+        "{\"a\":7,\"s\":\"w\"}",
+    );
+    let out = decode_with(
+        Arc::clone(&schema),
+        options(Format::JsonLines, MalformedPolicy::DeadLetter),
+        input,
+    );
+    let b = one_batch(&out);
+    assert_eq!(i64s(b, "a"), vec![Some(1), Some(2), Some(3), Some(7)]);
+    assert_eq!(
+        strs(b, "s"),
+        vec![Some("x".into()), None, None, Some("w".into())]
+    );
+    assert_eq!(out.num_input_rows, 8);
+    let dead: Vec<(u64, &str)> = out
+        .malformed
+        .iter()
+        .map(|m| (m.line, m.raw.as_str()))
+        .collect();
+    assert_eq!(
+        dead,
+        [
+            (5, "{\"a\":4,"),
+            (6, "\"s\":\"y\"}"),
+            (7, "{\"a\":5} {\"a\":6}"),
+            (8, "{\"a\":\"bad\",\"s\":\"z\"}"),
+        ]
+    );
+    assert!(
+        out.malformed[0].error.contains("end of line"),
+        "{}",
+        out.malformed[0].error
+    );
+    let permissive = decode_with(schema, DecoderOptions::default(), input);
+    let b = one_batch(&permissive);
+    let corrupt = strs(b, CORRUPT_RECORD_COLUMN);
+    assert_eq!(corrupt.len(), 8);
+    assert_eq!(corrupt[6].as_deref(), Some("{\"a\":\"bad\",\"s\":\"z\"}"));
+    assert_eq!(corrupt[7], None);
+    assert_eq!(strs(b, "s")[6].as_deref(), Some("z"));
+}
