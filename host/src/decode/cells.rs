@@ -322,7 +322,12 @@ impl Column {
         if len >= self.len {
             return;
         }
-        self.nulls.truncate(len);
+        if len == 0 {
+            // No bitmap for a batch that may have no null at all.
+            self.nulls = NullBufferBuilder::new(self.capacity);
+        } else {
+            self.nulls.truncate(len);
+        }
         self.len = len;
         match &mut self.values {
             Values::Bool(v) => v.truncate(len),

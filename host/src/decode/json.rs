@@ -700,15 +700,22 @@ mod tests {
                 }
             }
         }
-        // Bytes just below '0' and above '9' stop a run.
-        for stop in [b'/', b':', b' ', 0x80, 0xff] {
-            let mut s = b"12345".to_vec();
-            s.push(stop);
-            s.extend_from_slice(b"678901234");
-            let mut m = 0;
-            assert_eq!(digit_run(&s, 0, &mut m), 5);
-            assert_eq!(m, 12_345);
+        // Every byte that is not a digit stops a run, at every position of a word; runs of
+        // nines fold without spilling between digits.
+        for stop in (0..=255u8).filter(|b| !b.is_ascii_digit()) {
+            for at in 0..8 {
+                let mut s = b"99999999".to_vec();
+                s[at] = stop;
+                s.extend_from_slice(b"99999999");
+                let mut m = 0;
+                assert_eq!(digit_run(&s, 0, &mut m), at, "byte {stop:#x} at {at}");
+                assert_eq!(m, if at == 0 { 0 } else { 10u64.pow(at as u32) - 1 });
+            }
         }
+        let nines = b"9999999999999999";
+        let mut m = 0;
+        assert_eq!(digit_run(nines, 0, &mut m), 16);
+        assert_eq!(m, 9_999_999_999_999_999);
     }
 
     #[test]
