@@ -221,6 +221,12 @@ fn range_bits(values: impl Iterator<Item = i128>) -> u32 {
     128 - hi.abs_diff(lo).leading_zeros()
 }
 
+/// The hashes of the byte strings `value` gives at `rows`.
+fn hashed<'a>(rows: &[usize], value: impl Fn(usize) -> &'a [u8]) -> Vec<u64> {
+    let hasher = FixedState::with_seed(0);
+    rows.iter().map(|&i| hasher.hash_one(value(i))).collect()
+}
+
 /// The sample of `column`, or `None` for a type this module leaves alone.
 fn sample(column: &dyn Array) -> Option<Sample> {
     let len = column.len() as u64;
@@ -281,57 +287,27 @@ fn sample(column: &dyn Array) -> Option<Sample> {
         }
         DataType::Utf8 => {
             let values = column.as_string::<i32>();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i).as_bytes()))
         }
         DataType::Utf8View => {
             let values = column.as_string_view();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i).as_bytes()))
         }
         DataType::LargeUtf8 => {
             let values = column.as_string::<i64>();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i).as_bytes()))
         }
         DataType::Binary => {
             let values = column.as_binary::<i32>();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i)))
         }
         DataType::LargeBinary => {
             let values = column.as_binary::<i64>();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i)))
         }
         DataType::BinaryView => {
             let values = column.as_binary_view();
-            let hasher = FixedState::with_seed(0);
-            keys(
-                rows.iter()
-                    .map(|&i| hasher.hash_one(values.value(i)))
-                    .collect(),
-            )
+            keys(hashed(&rows, |i| values.value(i)))
         }
         _ => return None,
     })
@@ -547,16 +523,18 @@ mod tests {
             (0..10_000).map(|i| format!("session-{i:08}")).collect(),
         );
         let path = |name: &str| ColumnPath::new(vec![name.to_owned()]);
-        let file = Schema::new(vec![
+        let props_for = |file: &Schema| {
+            column_encodings(
+                WriterProperties::builder(),
+                file,
+                std::slice::from_ref(&unique),
+            )
+            .build()
+        };
+        let props = props_for(&Schema::new(vec![
             Field::new("key", DataType::Float64, true),
             Field::new("name", DataType::Utf8, true),
-        ]);
-        let props = column_encodings(
-            WriterProperties::builder(),
-            &file,
-            std::slice::from_ref(&unique),
-        )
-        .build();
+        ]));
         assert!(!props.dictionary_enabled(&path("key")));
         assert_eq!(props.encoding(&path("key")), None);
         assert_eq!(
@@ -566,20 +544,13 @@ mod tests {
         assert!(props.dictionary_enabled(&path("id")));
         // Two columns of one name (one integer, one string) share their properties: neither
         // gets an encoding the other's type lacks.
-        let twice = Schema::new(vec![
+        let props = props_for(&Schema::new(vec![
             Field::new("x", DataType::Int64, true),
             Field::new("x", DataType::Utf8, true),
-        ]);
-        let props = column_encodings(
-            WriterProperties::builder(),
-            &twice,
-            std::slice::from_ref(&unique),
-        )
-        .build();
+        ]));
         assert!(props.dictionary_enabled(&path("x")));
         assert_eq!(props.encoding(&path("x")), None);
-        let narrower = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
-        let props = column_encodings(WriterProperties::builder(), &narrower, &[unique]).build();
+        let props = props_for(&Schema::new(vec![Field::new("id", DataType::Int64, true)]));
         assert!(props.dictionary_enabled(&path("id")));
         assert_eq!(props.encoding(&path("id")), None);
     }
