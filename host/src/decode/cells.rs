@@ -114,8 +114,7 @@ impl Rows {
     pub(super) fn new(columns: Vec<Column>) -> Self {
         Self {
             columns,
-            rows: 0,
-            written: 0,
+            ..Self::default()
         }
     }
 

@@ -593,28 +593,19 @@ fn stage(spec: &FieldSpec, f: usize, v: Value, line: &[u8], row: &mut RowState, 
     let raw = &line[v.start..v.end];
     let slot = match (&spec.kind, v.tok) {
         (_, Tok::Null) => Some(Slot::Null),
-        (Kind::Utf8, Tok::Str { escaped: false }) => {
-            if utf8_ok || std::str::from_utf8(raw).is_ok() {
-                return row.out.put_str(f, raw);
-            }
-            row.out.put(f, Slot::Null);
-            return row.field_error(spec, format_args!("invalid UTF-8"));
-        }
-        (Kind::Utf8, Tok::Str { escaped: true }) => {
-            let start = row.scratch.len();
-            unescape(raw, &mut row.scratch);
-            let text = &row.scratch[start..];
+        // A string's contents, unescaped; Spark keeps the literal text of a number, boolean or
+        // structure for a string column (a structure's strings may hold bytes that are not
+        // UTF-8, so every text is checked unless the whole file was).
+        (Kind::Utf8, tok) => {
+            let text = if tok == (Tok::Str { escaped: true }) {
+                let start = row.scratch.len();
+                unescape(raw, &mut row.scratch);
+                &row.scratch[start..]
+            } else {
+                raw
+            };
             if utf8_ok || std::str::from_utf8(text).is_ok() {
                 return row.out.put_str(f, text);
-            }
-            row.out.put(f, Slot::Null);
-            return row.field_error(spec, format_args!("invalid UTF-8"));
-        }
-        // Spark keeps the literal text of a number, boolean or structure for a string column
-        // (a structure's strings may hold bytes that are not UTF-8).
-        (Kind::Utf8, _) => {
-            if utf8_ok || std::str::from_utf8(raw).is_ok() {
-                return row.out.put_str(f, raw);
             }
             row.out.put(f, Slot::Null);
             return row.field_error(spec, format_args!("invalid UTF-8"));

@@ -251,12 +251,17 @@ fn json_field_errors_null_only_that_field() {
     }
 }
 
-#[test]
-fn json_structure_keys_and_whitespace() {
-    let schema = Arc::new(Schema::new(vec![
+/// `a BIGINT, s STRING`.
+fn int_and_string_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
         Field::new("a", DataType::Int64, true),
         Field::new("s", DataType::Utf8, true),
-    ]));
+    ]))
+}
+
+#[test]
+fn json_structure_keys_and_whitespace() {
+    let schema = int_and_string_schema();
     let input = concat!(
         // unknown keys with nested values, any order, whitespace everywhere
         " { \"x\" : {\"y\":[1,{\"z\":\"}\"}],\"w\":null} , \"s\" : \"a b\" ,\t\"a\" : 7 }  \n",
@@ -284,10 +289,7 @@ fn json_structure_keys_and_whitespace() {
 
 #[test]
 fn json_syntax_errors_null_the_whole_row() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("a", DataType::Int64, true),
-        Field::new("s", DataType::Utf8, true),
-    ]));
+    let schema = int_and_string_schema();
     let bad = [
         r#"{"a":1,"s":"x""#,
         r#"{"a":1,"s":"x"} extra"#,
@@ -469,10 +471,7 @@ fn malformed_kinds_drop_fail_deadletter() {
 
 #[test]
 fn invalid_utf8_is_a_field_error() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("a", DataType::Int64, true),
-        Field::new("s", DataType::Utf8, true),
-    ]));
+    let schema = int_and_string_schema();
     let mut input = b"{\"a\":1,\"s\":\"ok\"}\n{\"a\":2,\"s\":\"bad\xff\"}\n".to_vec();
     input.extend_from_slice(b"{\"a\":3,\"s\":\"ok\",\"x\":\"\xfe\"}\n");
     // A structure read into a string column keeps its text, which must be UTF-8 too.
@@ -1022,10 +1021,7 @@ fn json_numbers_at_the_edges_of_their_types() {
 /// the object, and a last line without a line break, with their line numbers and raw text.
 #[test]
 fn lines_end_at_line_breaks_with_their_numbers_and_text() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("a", DataType::Int64, true),
-        Field::new("s", DataType::Utf8, true),
-    ]));
+    let schema = int_and_string_schema();
     let input = concat!(
         "{\"a\":1,\"s\":\"x\"}\r\n",
         "{\"a\":2} \t\r\n",

@@ -68,12 +68,7 @@ impl DateCache {
     #[inline]
     fn days(&mut self, s: &[u8]) -> Option<i64> {
         let key = s.get(..10)?;
-        let mut head = [0u8; 8];
-        head.copy_from_slice(&key[..8]);
-        let key = (
-            u64::from_le_bytes(head),
-            u16::from_le_bytes([key[8], key[9]]),
-        );
+        let key = (super::load8(key, 0), u16::from_le_bytes([key[8], key[9]]));
         if self.key == Some(key) {
             return Some(self.days);
         }

@@ -75,7 +75,7 @@ pub(crate) fn column_encodings(
         .zip(first.columns())
         .zip(dictionary_columns(first))
     {
-        let unique = || {
+        let named_once = || {
             schema
                 .fields()
                 .iter()
@@ -83,27 +83,34 @@ pub(crate) fn column_encodings(
                 .count()
                 == 1
         };
-        if dictionary || !unique() {
+        if dictionary || !named_once() {
             continue;
         }
         let path = ColumnPath::new(vec![field.name().clone()]);
         props = props.set_column_dictionary_enabled(path.clone(), false);
-        if stored_as_integers(field.data_type()) && column.data_type() == field.data_type() {
+        let data_type = field.data_type();
+        if column.data_type() != data_type {
+            continue;
+        }
+        if integer_width(data_type).is_some() {
             props = props.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
-        } else if stored_as_bytes(field.data_type()) && column.data_type() == field.data_type() {
+        } else if stored_as_bytes(data_type) {
             props = props.set_column_encoding(path, Encoding::DELTA_BYTE_ARRAY);
         }
     }
     props
 }
 
-/// Whether the Parquet writer stores values of `data_type` as `INT32` or `INT64`, the types
-/// `DELTA_BINARY_PACKED` encodes (decimals of up to 18 digits are stored as integers).
-fn stored_as_integers(data_type: &DataType) -> bool {
+/// The bytes of one value when the Parquet writer stores values of `data_type` as `INT32` (4)
+/// or `INT64` (8), the types `DELTA_BINARY_PACKED` encodes (decimals of up to 18 digits are
+/// stored as integers); `None` for other types.
+fn integer_width(data_type: &DataType) -> Option<usize> {
     match data_type {
-        DataType::Int32 | DataType::Int64 | DataType::Date32 | DataType::Timestamp(_, _) => true,
-        DataType::Decimal128(precision, _) => *precision <= 18,
-        _ => false,
+        DataType::Int32 | DataType::Date32 => Some(4),
+        DataType::Int64 | DataType::Timestamp(_, _) => Some(8),
+        DataType::Decimal128(precision, _) if *precision <= 9 => Some(4),
+        DataType::Decimal128(precision, _) if *precision <= 18 => Some(8),
+        _ => None,
     }
 }
 
@@ -236,10 +243,11 @@ fn sample(column: &dyn Array) -> Option<Sample> {
         .map(|k| (mix(k) % len) as usize)
         .filter(|&i| column.is_valid(i))
         .collect();
-    // Integers: their keys, and the bits of their range at `width` bytes a value.
-    let integers = |values: Vec<i128>, width: usize| Sample {
+    // Integers: their keys, and the bits of their range at the width Parquet stores.
+    let width = integer_width(column.data_type());
+    let integers = |values: Vec<i128>| Sample {
         keys: values.iter().map(|&v| v as u64).collect(),
-        integers: Some(Integers {
+        integers: width.map(|width| Integers {
             range_bits: range_bits(values.into_iter()),
             width,
         }),
@@ -251,19 +259,19 @@ fn sample(column: &dyn Array) -> Option<Sample> {
     Some(match column.data_type() {
         DataType::Int32 => {
             let values = column.as_primitive::<Int32Type>().values();
-            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 4)
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Int64 => {
             let values = column.as_primitive::<Int64Type>().values();
-            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 8)
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Date32 => {
             let values = column.as_primitive::<Date32Type>().values();
-            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 4)
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
             let values = column.as_primitive::<TimestampMicrosecondType>().values();
-            integers(rows.iter().map(|&i| i128::from(values[i])).collect(), 8)
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Float64 => {
             let values = column.as_primitive::<Float64Type>().values();
@@ -271,8 +279,7 @@ fn sample(column: &dyn Array) -> Option<Sample> {
         }
         DataType::Decimal128(precision, _) if *precision <= 18 => {
             let values = column.as_primitive::<Decimal128Type>().values();
-            let width = if *precision <= 9 { 4 } else { 8 };
-            integers(rows.iter().map(|&i| values[i]).collect(), width)
+            integers(rows.iter().map(|&i| values[i]).collect())
         }
         DataType::Decimal128(_, _) => {
             let values = column.as_primitive::<Decimal128Type>().values();
