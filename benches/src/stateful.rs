@@ -44,7 +44,7 @@ pub fn stateful(args: &[String]) -> Result<()> {
     let input = PathBuf::from(flag(args, "--input").context("--input DIR (orders-*.json)")?);
     let query = flag(args, "--query").unwrap_or_else(|| "revenue".into());
     let runs: usize = flag(args, "--runs").map_or(Ok(2), |r| r.parse())?;
-    let store = flag(args, "--store").unwrap_or_else(|| "rocksdb".into());
+    let store = flag(args, "--store").unwrap_or_else(|| "runs".into());
     // The dedup keys: one integer key (`order_id`, stored as integer sets), a
     // composite key such as `order_id,customer_id` or a string key such as
     // `session_id` (one state entry per key). Spark's side runs the same keys

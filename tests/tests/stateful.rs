@@ -278,6 +278,47 @@ fn state_stays_bounded_with_a_watermark_and_grows_without() -> Result<()> {
     Ok(())
 }
 
+/// A pipeline that names no state store keeps the one its checkpoint was started with, so a
+/// checkpoint of an older default (RocksDB) resumes as it was; a new checkpoint takes the
+/// default, sorted runs, and records it.
+#[test]
+fn an_unnamed_state_store_is_the_one_the_checkpoint_was_started_with() -> Result<()> {
+    let ws = Workspace::new(3, 50)?;
+    let base = revenue("q", true, "", r#"["status"]"#);
+    let rocks = base.replace("state_store = \"memory\"", "state_store = \"rocksdb\"");
+    let unnamed = base.replace("state_store = \"memory\"\n", "");
+    assert!(!unnamed.contains("state_store"), "{unnamed}");
+    run(ws.path(), &rocks).map_err(anyhow::Error::msg)?;
+    run(ws.path(), &unnamed).map_err(|e| anyhow::anyhow!("the unnamed store refused: {e}"))?;
+    let recorded = |tag: &str| -> Result<String> {
+        let metadata =
+            std::fs::read_to_string(ws.path().join("checkpoints").join(tag).join("metadata"))?;
+        let value: serde_json::Value = serde_json::from_str(&metadata)?;
+        Ok(value["fingerprint"]["state_store"]
+            .as_str()
+            .unwrap_or("")
+            .to_string())
+    };
+    assert_eq!(recorded("q")?, "rocksdb");
+    // Naming another store is still refused.
+    let runs = base.replace("state_store = \"memory\"", "state_store = \"runs\"");
+    let err = run(ws.path(), &runs).expect_err("a switch to runs");
+    assert!(err.contains("the state store"), "{err}");
+
+    let fresh = unnamed.replace("checkpoints/q", "checkpoints/fresh");
+    run(ws.path(), &fresh).map_err(anyhow::Error::msg)?;
+    assert_eq!(recorded("fresh")?, "runs");
+    let runs_on_disk = snapshot(&ws.path().join("checkpoints/fresh/state"))?
+        .keys()
+        .filter(|p| p.extension().is_some_and(|e| e == "run"))
+        .count();
+    assert!(
+        runs_on_disk > 0,
+        "no run files in the new checkpoint's state"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_restart_with_an_incompatible_change_is_refused_naming_it() -> Result<()> {
     let ws = Workspace::new(3, 50)?;

@@ -186,7 +186,7 @@ fn check_totals(rows: &[Row], input: &[Vec<Order>]) -> Result<()> {
 #[test]
 fn running_totals_carry_across_batches_in_both_state_stores() -> Result<()> {
     let input = orders(4, 30);
-    for store in ["memory", "rocksdb"] {
+    for store in ["memory", "rocksdb", "runs"] {
         let ws = workspace()?;
         for (i, file) in input.iter().enumerate() {
             write_file(&ws.path().join("data"), i, file)?;
@@ -226,7 +226,7 @@ fn running_totals_carry_across_batches_in_both_state_stores() -> Result<()> {
 #[test]
 fn a_restart_mid_stream_gives_the_output_of_an_uninterrupted_run() -> Result<()> {
     let input = orders(5, 20);
-    for store in ["memory", "rocksdb"] {
+    for store in ["memory", "rocksdb", "runs"] {
         let ws = workspace()?;
         let data = ws.path().join("data");
         for (i, file) in input.iter().enumerate() {

@@ -1,5 +1,6 @@
-//! Fuzzing the state store's readers: changelogs, the memory store's snapshot dumps and the
-//! snapshot metadata files (`state/record.rs`, reached through [`StateStore::load`]).
+//! Fuzzing the state store's readers: changelogs, the memory store's snapshot dumps, the
+//! snapshot metadata files (`state/record.rs`), and the sorted-runs store's run files and
+//! manifests (`state/runs.rs`), all reached through [`StateStore::load`].
 //!
 //! Inputs: a store directory written by the store itself (five versions, two snapshots), with
 //! one file mutated byte by byte; half the time its checksum is then recomputed, so that the
@@ -10,7 +11,8 @@
 //! deletes committed over several versions read back equal to a `BTreeMap`, from a reopened
 //! store, at the last version and at an earlier retained one.
 //!
-//! Budget: about 600 loads of a copied directory plus 60 model runs (their commits fsync).
+//! Budget: about 600 loads of a copied directory (of either store) plus 60 model runs (their
+//! commits fsync).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,8 +22,23 @@ use proptest::prelude::*;
 use super::{Reach, byte_edits, mutate, run};
 use crate::state::{StateError, StateOptions, StateStore, StoreKind};
 
-/// Recomputes the trailing FNV-1a checksum of a record file (the last 8 bytes).
-fn fix_checksum(bytes: &mut [u8]) {
+/// The stores whose files are fuzzed (RocksDB's own files are RocksDB's to check).
+const KINDS: [StoreKind; 2] = [StoreKind::Memory, StoreKind::Runs];
+
+/// Recomputes the checksum of the file `name`: a run's CRC-32 (before its 8-byte magic, over
+/// every byte before it), a runs manifest's trailing CRC-32, or a record file's trailing FNV-1a
+/// 64 (the last 8 bytes).
+fn fix_checksum(name: &Path, bytes: &mut [u8]) {
+    let ext = name.extension().and_then(|e| e.to_str());
+    if ext == Some("run") || ext == Some("manifest") {
+        let tail = if ext == Some("run") { 12 } else { 4 };
+        let Some(at) = bytes.len().checked_sub(tail) else {
+            return;
+        };
+        let crc = crc32fast::hash(&bytes[..at]);
+        bytes[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        return;
+    }
     if bytes.len() < 8 {
         return;
     }
@@ -30,9 +47,9 @@ fn fix_checksum(bytes: &mut [u8]) {
     bytes[at..].copy_from_slice(&hash.to_le_bytes());
 }
 
-fn options() -> StateOptions {
+fn options(kind: StoreKind) -> StateOptions {
     StateOptions {
-        kind: StoreKind::Memory,
+        kind,
         snapshot_interval: 2,
         min_versions_to_retain: 10,
         snapshot_min_bytes: 0,
@@ -55,8 +72,8 @@ fn entries(store: &StateStore) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StateError>
 }
 
 /// Writes versions 1 to 5 (snapshots at 2 and 4) into `dir`.
-fn write_template(dir: &Path) {
-    let mut store = StateStore::open(dir, &options()).expect("store opens");
+fn write_template(dir: &Path, kind: StoreKind) {
+    let mut store = StateStore::open(dir, &options(kind)).expect("store opens");
     store.load(None).expect("empty state");
     for version in 1..=5u64 {
         for k in 0..version {
@@ -111,8 +128,8 @@ enum Loaded {
 }
 
 /// Loads `version` from the damaged `dir`; on success the store must be usable.
-fn check_load(dir: &Path, version: Option<u64>) -> Result<Loaded, TestCaseError> {
-    let mut store = match StateStore::open(dir, &options()) {
+fn check_load(dir: &Path, kind: StoreKind, version: Option<u64>) -> Result<Loaded, TestCaseError> {
+    let mut store = match StateStore::open(dir, &options(kind)) {
         Ok(store) => store,
         Err(e) => return Err(fail(format!("open failed on file contents: {e}"))),
     };
@@ -152,34 +169,45 @@ fn check_load(dir: &Path, version: Option<u64>) -> Result<Loaded, TestCaseError>
 
 #[test]
 fn fuzz_state_damaged_files() {
-    let template = tempfile::tempdir().expect("temp dir");
-    write_template(template.path());
-    let files: Vec<PathBuf> = files_under(template.path())
-        .into_iter()
-        .map(|p| {
-            p.strip_prefix(template.path())
-                .expect("inside")
-                .to_path_buf()
+    let templates: Vec<(StoreKind, tempfile::TempDir, Vec<PathBuf>)> = KINDS
+        .iter()
+        .map(|&kind| {
+            let template = tempfile::tempdir().expect("temp dir");
+            write_template(template.path(), kind);
+            // Not the work directory: opening a store removes it.
+            let files: Vec<PathBuf> = files_under(template.path())
+                .into_iter()
+                .map(|p| {
+                    p.strip_prefix(template.path())
+                        .expect("inside")
+                        .to_path_buf()
+                })
+                .filter(|p| !p.starts_with("work"))
+                .collect();
+            assert!(files.len() >= 7, "{kind}: {files:?}");
+            (kind, template, files)
         })
         .collect();
-    assert!(files.len() >= 7, "{files:?}");
     let strategy = (
-        0..files.len(),
+        0..KINDS.len(),
+        any::<usize>(),
         byte_edits(4),
         any::<bool>(),
         proptest::option::of(0..=6u64),
     );
     let (loaded, refused) = (Reach::default(), Reach::default());
-    run(600, strategy, |(file, edits, fix, version)| {
+    run(600, strategy, |(kind, file, edits, fix, version)| {
+        let (kind, template, files) = &templates[kind];
+        let file = &files[file % files.len()];
         let dir = tempfile::tempdir().map_err(fail)?;
         copy_dir(template.path(), dir.path()).map_err(fail)?;
-        let path = dir.path().join(&files[file]);
+        let path = dir.path().join(file);
         let mut bytes = mutate(&std::fs::read(&path).map_err(fail)?, &edits);
         if fix {
-            fix_checksum(&mut bytes);
+            fix_checksum(&path, &mut bytes);
         }
         std::fs::write(&path, &bytes).map_err(fail)?;
-        match check_load(dir.path(), version)? {
+        match check_load(dir.path(), *kind, version)? {
             Loaded::Yes => loaded.hit(),
             Loaded::Other => refused.hit(),
             Loaded::Checksum => {}
@@ -192,20 +220,22 @@ fn fuzz_state_damaged_files() {
 
 #[test]
 fn fuzz_state_undamaged_template_loads() {
-    let template = tempfile::tempdir().expect("temp dir");
-    write_template(template.path());
-    for version in (1..=5u64).rev() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        copy_dir(template.path(), dir.path()).expect("copy");
-        let mut store = StateStore::open(dir.path(), &options()).expect("opens");
-        store.load(Some(version)).expect("loads");
-        let keys = entries(&store).expect("scan").len() as u64;
-        let want = if version > 2 { version - 1 } else { version };
-        assert_eq!(keys, want, "version {version}");
-        assert_eq!(
-            check_load(dir.path(), Some(version)).expect("usable"),
-            Loaded::Yes
-        );
+    for kind in KINDS {
+        let template = tempfile::tempdir().expect("temp dir");
+        write_template(template.path(), kind);
+        for version in (1..=5u64).rev() {
+            let dir = tempfile::tempdir().expect("temp dir");
+            copy_dir(template.path(), dir.path()).expect("copy");
+            let mut store = StateStore::open(dir.path(), &options(kind)).expect("opens");
+            store.load(Some(version)).expect("loads");
+            let keys = entries(&store).expect("scan").len() as u64;
+            let want = if version > 2 { version - 1 } else { version };
+            assert_eq!(keys, want, "{kind} version {version}");
+            assert_eq!(
+                check_load(dir.path(), kind, Some(version)).expect("usable"),
+                Loaded::Yes
+            );
+        }
     }
 }
 
@@ -229,11 +259,11 @@ fn op() -> impl Strategy<Value = Op> {
 #[test]
 fn fuzz_state_model_round_trip() {
     let batches = proptest::collection::vec(proptest::collection::vec(op(), 0..6), 1..6);
-    let strategy = (batches, any::<usize>(), 1..=3u64);
-    run(60, strategy, |(batches, back, interval)| {
+    let strategy = (batches, any::<usize>(), 1..=3u64, 0..KINDS.len());
+    run(60, strategy, |(batches, back, interval, kind)| {
         let dir = tempfile::tempdir().map_err(fail)?;
         let options = StateOptions {
-            kind: StoreKind::Memory,
+            kind: KINDS[kind],
             snapshot_interval: interval,
             min_versions_to_retain: 10,
             snapshot_min_bytes: 0,
@@ -280,12 +310,14 @@ fn fuzz_state_model_round_trip() {
 
 #[test]
 fn fuzz_state_checksum_helper_matches_the_store() {
-    let template = tempfile::tempdir().expect("temp dir");
-    write_template(template.path());
-    for file in files_under(template.path()) {
-        let bytes = std::fs::read(&file).expect("read");
-        let mut fixed = bytes.clone();
-        fix_checksum(&mut fixed);
-        assert_eq!(fixed, bytes, "{}", file.display());
+    for kind in KINDS {
+        let template = tempfile::tempdir().expect("temp dir");
+        write_template(template.path(), kind);
+        for file in files_under(template.path()) {
+            let bytes = std::fs::read(&file).expect("read");
+            let mut fixed = bytes.clone();
+            fix_checksum(&file, &mut fixed);
+            assert_eq!(fixed, bytes, "{}", file.display());
+        }
     }
 }

@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn versions_follow_batches_and_replays_start_from_the_previous_one() {
-        for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+        for kind in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
             let dir = tempfile::tempdir().unwrap();
             let mut s = open(dir.path(), kind);
             s.load(None, 0).unwrap();
@@ -339,7 +339,7 @@ mod tests {
 
     #[test]
     fn entries_expire_at_the_watermark_and_are_removed_at_commit() {
-        for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+        for kind in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
             let dir = tempfile::tempdir().unwrap();
             let mut s = open(dir.path(), kind);
             s.load(None, 0).unwrap();

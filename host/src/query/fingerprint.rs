@@ -17,8 +17,8 @@ use serde_json::{Map, Value, json};
 
 use crate::operator::stateful::StateSchema;
 use crate::spec::{
-    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, StoreKind, TableKind,
-    TransformKind, Trigger, WatermarkPolicy, WindowKind,
+    KafkaTopics, KafkaValueFormat, Pipeline, SinkSpec, SourceKind, TableKind, TransformKind,
+    Trigger, WatermarkPolicy, WindowKind,
 };
 
 /// Parts of the fingerprint a restart may not change.
@@ -223,10 +223,7 @@ pub fn of(
             WatermarkPolicy::Max => "max",
         },
         "state_store": if is_stateful {
-            Value::from(match pipeline.query.state_store {
-                StoreKind::RocksDb => "rocksdb",
-                StoreKind::Memory => "memory",
-            })
+            Value::from(pipeline.query.state_store.unwrap_or_default().to_string())
         } else {
             Value::Null
         },

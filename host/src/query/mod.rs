@@ -51,7 +51,7 @@ use crate::sink::{MemorySink, SinkError};
 use crate::source::{self as sources, Source, SourceBatch, SourceError};
 use crate::spec::{self, OutputMode, Pipeline, Trigger, WatermarkPolicy};
 use crate::sql::SqlTransform;
-use crate::state::{StateError, StateOptions};
+use crate::state::{StateError, StateOptions, StoreKind};
 use crate::threads::Threads;
 use crate::watermark::{self, EventTimeRange, Watermark, WatermarkError};
 use plugins::PluginContext;
@@ -353,7 +353,7 @@ impl Query {
     /// # Errors
     /// When the checkpoint is locked or damaged, or a plugin or the sink
     /// cannot start.
-    pub fn start(pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
+    pub fn start(mut pipeline: Pipeline, mut options: QueryOptions) -> Result<Self, QueryError> {
         // The rules `weir validate` checks too, again for a pipeline built in code (a parsed
         // one has been through them), before anything is opened.
         let confinement = spec::Confinement {
@@ -374,6 +374,11 @@ impl Query {
         }
         let private_networks = options.policy.as_ref().is_none_or(|p| p.private_networks);
         let mut checkpoint = Checkpoint::open(&pipeline.query.checkpoint)?;
+        // Unset, the state store is the one the checkpoint's state was written with: a default
+        // that changes between releases must not strand a checkpoint.
+        if pipeline.query.state_store.is_none() {
+            pipeline.query.state_store = recorded_state_store(&checkpoint);
+        }
         let position = recovery::position(&checkpoint)?;
         let (last_planned, pending, next_batch) =
             (position.last_planned, position.pending, position.next_batch);
@@ -1586,6 +1591,18 @@ impl QueryError {
     }
 }
 
+/// The state store a checkpoint's fingerprint records, if any.
+fn recorded_state_store(checkpoint: &Checkpoint) -> Option<StoreKind> {
+    let recorded = checkpoint
+        .metadata()
+        .fingerprint
+        .as_ref()?
+        .get("state_store")?;
+    [StoreKind::Runs, StoreKind::RocksDb, StoreKind::Memory]
+        .into_iter()
+        .find(|k| recorded.as_str() == Some(k.to_string().as_str()))
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -1594,7 +1611,7 @@ fn millis(d: Duration) -> u64 {
 /// whose stores share its RocksDB memory.
 fn state_options(query: &spec::QuerySpec, threads: Threads) -> StateOptions {
     StateOptions {
-        kind: query.state_store,
+        kind: query.state_store.unwrap_or_default(),
         threads,
         ..StateOptions::default()
     }

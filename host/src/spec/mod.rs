@@ -107,8 +107,9 @@ pub struct QuerySpec {
     pub output_mode: OutputMode,
     /// `max_batch_retries`: retries of a batch failing with a retryable error (default 2).
     pub max_batch_retries: u32,
-    /// `state_store`: where stateful operators keep state (default rocksdb).
-    pub state_store: StoreKind,
+    /// `state_store`: where stateful operators keep state. `None` (not set): the store the
+    /// checkpoint's state was written with, or [`StoreKind::default`] for a new checkpoint.
+    pub state_store: Option<StoreKind>,
     /// `state_partitions`: how many partitions state is split into (default 2, like the
     /// reference Spark runs); frozen in the checkpoint at the first start.
     pub state_partitions: u32,

@@ -113,7 +113,7 @@ fn example_round_trips_to_the_expected_pipeline() {
             trigger: Trigger::AvailableNow,
             output_mode: OutputMode::Append,
             max_batch_retries: 2,
-            state_store: StoreKind::RocksDb,
+            state_store: None,
             state_partitions: 2,
             watermark_policy: WatermarkPolicy::Min,
             threads: None,
@@ -1005,7 +1005,7 @@ kind = "console"
 fn stateful_tables_are_read() {
     let dir = workspace();
     let p = parse_in(dir.path(), STATEFUL, &[]).unwrap();
-    assert_eq!(p.query.state_store, StoreKind::Memory);
+    assert_eq!(p.query.state_store, Some(StoreKind::Memory));
     assert_eq!(p.query.state_partitions, 4);
     assert_eq!(p.query.threads, NonZeroUsize::new(3));
     assert_eq!(

@@ -458,16 +458,19 @@ fn query(raw: Option<RawQuery>, base: &Path, c: &mut Collector) -> Option<QueryS
         }),
     };
     let state_store = match q.state_store.as_deref() {
-        None => Some(StoreKind::RocksDb),
-        Some(kind) => c.choice(
-            "query.state_store",
-            kind,
-            "a state store",
-            &[
-                ("rocksdb", StoreKind::RocksDb),
-                ("memory", StoreKind::Memory),
-            ],
-        ),
+        None => Some(None),
+        Some(kind) => c
+            .choice(
+                "query.state_store",
+                kind,
+                "a state store",
+                &[
+                    ("runs", StoreKind::Runs),
+                    ("rocksdb", StoreKind::RocksDb),
+                    ("memory", StoreKind::Memory),
+                ],
+            )
+            .map(Some),
     };
     let state_partitions = match q.state_partitions {
         None => Some(DEFAULT_STATE_PARTITIONS),

@@ -18,8 +18,9 @@
 //! the memtable, and a flush every ten small batches fills the database with
 //! small tables that compaction then rewrites over and over (17 % of the CPU of a
 //! 10M-key deduplication, BENCHMARKS.md §12). Versions older than the retention
-//! count are removed. The entries themselves live in a [`Backend`]: an
-//! ordered map ([`StoreKind::Memory`]) or RocksDB ([`StoreKind::RocksDb`]).
+//! count are removed. The entries themselves live in a [`Backend`]: sorted run
+//! files ([`StoreKind::Runs`], the default), an ordered map
+//! ([`StoreKind::Memory`]) or RocksDB ([`StoreKind::RocksDb`]).
 //!
 //! One store serves one partition of one operator (`<checkpoint>/state/<op>/<partition>`),
 //! so that partitions can later move between processes.
@@ -28,6 +29,7 @@ mod files;
 mod memory;
 mod record;
 mod rocks;
+mod runs;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -44,12 +46,16 @@ pub use rocks::RocksMemory;
 pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StateError> + 'a;
 
 /// Which backend holds a store's entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StoreKind {
     /// An ordered in-memory map: for small states and tests.
     Memory,
     /// RocksDB on local disk: for states larger than memory.
     RocksDb,
+    /// Sorted run files on local disk, merged in generations: for states larger than memory
+    /// written in sorted batches, as every commit is (`state/runs.rs`). The default.
+    #[default]
+    Runs,
 }
 
 impl std::fmt::Display for StoreKind {
@@ -57,6 +63,7 @@ impl std::fmt::Display for StoreKind {
         f.write_str(match self {
             Self::Memory => "memory",
             Self::RocksDb => "rocksdb",
+            Self::Runs => "runs",
         })
     }
 }
@@ -106,7 +113,7 @@ pub struct StateOptions {
 impl Default for StateOptions {
     fn default() -> Self {
         Self {
-            kind: StoreKind::RocksDb,
+            kind: StoreKind::default(),
             snapshot_interval: 10,
             min_versions_to_retain: 10,
             snapshot_min_bytes: SNAPSHOT_MIN_BYTES,
@@ -257,6 +264,7 @@ impl StateStore {
                 &options.rocks,
                 options.lookups,
             )?),
+            StoreKind::Runs => Box::new(runs::RunsBackend::open(&dir.join(files::WORK_DIR))?),
         };
         Ok(Self {
             dir: dir.to_path_buf(),

@@ -62,6 +62,7 @@ impl Header {
             None => 0,
             Some(StoreKind::Memory) => 1,
             Some(StoreKind::RocksDb) => 2,
+            Some(StoreKind::Runs) => 3,
         };
         out[10..18].copy_from_slice(&self.version.to_le_bytes());
         out[18] = u8::from(self.parent.is_some());
@@ -94,6 +95,7 @@ impl Header {
             0 => None,
             1 => Some(StoreKind::Memory),
             2 => Some(StoreKind::RocksDb),
+            3 => Some(StoreKind::Runs),
             other => {
                 return Err(StateError::corrupt(
                     file,

@@ -1,7 +1,7 @@
 use super::*;
 
-fn both() -> [StoreKind; 2] {
-    [StoreKind::Memory, StoreKind::RocksDb]
+fn kinds() -> [StoreKind; 3] {
+    [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs]
 }
 
 fn options(kind: StoreKind) -> StateOptions {
@@ -34,7 +34,7 @@ fn kv(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[test]
 fn uncommitted_writes_are_visible_and_rolled_back_by_load() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
         store.load(None).unwrap();
@@ -58,7 +58,7 @@ fn uncommitted_writes_are_visible_and_rolled_back_by_load() {
 
 #[test]
 fn scan_merges_pending_and_committed_in_key_order_within_bounds() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
         store.load(None).unwrap();
@@ -96,7 +96,7 @@ fn scan_merges_pending_and_committed_in_key_order_within_bounds() {
 
 #[test]
 fn reopened_store_recovers_every_retained_version() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         {
             let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
@@ -128,7 +128,7 @@ fn reopened_store_recovers_every_retained_version() {
 
 #[test]
 fn snapshots_bound_the_files_kept_and_the_changelogs_replayed() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
         store.load(None).unwrap();
@@ -163,7 +163,7 @@ fn a_snapshot_waits_for_enough_changelog_bytes_or_ten_intervals() {
         }
         at
     };
-    for kind in both() {
+    for kind in kinds() {
         // Each version writes a 1,000-byte value: the threshold of 5,000 bytes is met
         // five versions after a snapshot, later than the interval of 3.
         let dir = tempfile::tempdir().unwrap();
@@ -206,7 +206,7 @@ fn a_snapshot_waits_for_enough_changelog_bytes_or_ten_intervals() {
 
 #[test]
 fn loading_an_older_version_removes_the_abandoned_newer_ones() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
         store.load(None).unwrap();
@@ -277,7 +277,7 @@ fn a_snapshot_of_another_store_kind_is_refused() {
 
 #[test]
 fn batched_lookups_see_committed_state_and_this_batch_s_writes() {
-    for kind in both() {
+    for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
         store.load(None).unwrap();

@@ -893,7 +893,7 @@ fn revenue_batches() -> Vec<Vec<Row>> {
 
 #[test]
 fn a_replayed_batch_gives_identical_output_after_restart() {
-    for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+    for kind in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
         let dir = TempDir::new().expect("tempdir");
         let mut c = config(dir.path());
         c.state.kind = kind;

@@ -422,7 +422,7 @@ impl Xorshift {
 /// keeps exactly the rows a set of seen keys keeps, on both stores.
 #[test]
 fn the_integer_set_layout_keeps_what_a_set_of_keys_keeps() {
-    for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+    for kind in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
         let dir = TempDir::new().expect("tempdir");
         let mut cfg = config(dir.path(), &["order_id"], true);
         cfg.state.kind = kind;
@@ -553,7 +553,7 @@ where
         }
         rows
     };
-    for kind in [StoreKind::Memory, StoreKind::RocksDb] {
+    for kind in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
         let what = format!("{} on {kind}", T::DATA_TYPE);
         let dir = TempDir::new().expect("tempdir");
         let mut cfg = config(dir.path(), &["k"], false);

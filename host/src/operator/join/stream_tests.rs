@@ -210,7 +210,7 @@ fn the_condition_splits_into_each_side_s_part_and_the_pairs() {
 
 #[test]
 fn an_inner_join_pairs_rows_across_batches_once_and_evicts_by_the_watermark() {
-    for store in [StoreKind::Memory, StoreKind::RocksDb] {
+    for store in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
         let dir = tempfile::tempdir().unwrap();
         let mut join = open(dir.path(), JoinType::Inner, store);
         join.load(None).unwrap();
@@ -562,7 +562,7 @@ fn tags(join: &StreamJoin) -> Vec<u8> {
 
 #[test]
 fn a_checkpoint_of_the_earlier_layout_is_read_and_rewritten_to_the_current_one() {
-    for store in [StoreKind::Memory, StoreKind::RocksDb] {
+    for store in [StoreKind::Memory, StoreKind::RocksDb, StoreKind::Runs] {
         let dir = tempfile::tempdir().unwrap();
         let mut join = open(dir.path(), JoinType::Left, store);
         join.load(None).unwrap();
