@@ -768,15 +768,21 @@ fn recorded_at_0(checkpoint: &Checkpoint) -> Option<Recorded> {
     serde_json::from_value(entry.get("sources")?.get(0)?.clone()).ok()
 }
 
+/// The ids in the first column of `batches`. A damaged log may declare that column with another
+/// type (a string, say); its values are then read as integers where they parse, so that a file
+/// from outside the table is still recognised by its id.
 fn ids_read(batches: &[RecordBatch]) -> Vec<i64> {
     batches
         .iter()
         .flat_map(|b| {
-            b.column(0)
-                .as_primitive::<Int64Type>()
-                .iter()
-                .flatten()
-                .collect::<Vec<_>>()
+            let ids = arrow_cast::cast::cast(b.column(0), &DataType::Int64).ok();
+            ids.map(|ids| {
+                ids.as_primitive::<Int64Type>()
+                    .iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
         })
         .collect()
 }
