@@ -317,6 +317,25 @@ impl Run {
         Some(lo)
     }
 
+    /// The entry of `key` in this run (a value or a delete), its block read through `cache`.
+    fn find<'c>(
+        &self,
+        key: &[u8],
+        cache: &'c mut BlockCache,
+    ) -> Result<Option<(&'c Block, Entry)>, StateError> {
+        let Some(b) = self.block_of(key) else {
+            return Ok(None);
+        };
+        let block = cache.get(self, b)?;
+        let damaged = || self.corrupt(format!("block {b} is damaged"));
+        let at = block.lower_bound(key).ok_or_else(damaged)?;
+        if at >= block.entries {
+            return Ok(None);
+        }
+        let e = block.entry(at).ok_or_else(damaged)?;
+        Ok((block.key(e) == key).then_some((block, e)))
+    }
+
     fn corrupt(&self, reason: impl Into<String>) -> StateError {
         StateError::corrupt(&self.path, reason)
     }
@@ -891,18 +910,11 @@ impl RunsBackend {
             if !run.filter.may_contain(hash) {
                 continue;
             }
-            let Some(b) = run.block_of(key) else { continue };
-            let block = cache.get(run, b)?;
-            let damaged = || run.corrupt(format!("block {b} is damaged"));
-            let i = block.lower_bound(key).ok_or_else(damaged)?;
-            if i < block.entries {
-                let e = block.entry(i).ok_or_else(damaged)?;
-                if block.key(e) == key {
-                    return Ok(f(match block.value(e) {
-                        Some(v) => Found::Value(v),
-                        None => Found::Deleted,
-                    }));
-                }
+            if let Some((block, e)) = run.find(key, &mut cache)? {
+                return Ok(f(match block.value(e) {
+                    Some(v) => Found::Value(v),
+                    None => Found::Deleted,
+                }));
             }
         }
         Ok(f(Found::Absent))
@@ -1003,19 +1015,11 @@ impl Backend for RunsBackend {
                 if answer[i] != Answer::Unknown || !run.filter.may_contain(hashes[i]) {
                     continue;
                 }
-                let key = keys[i];
-                let Some(b) = run.block_of(key) else { continue };
-                let block = cache.get(run, b)?;
-                let damaged = || run.corrupt(format!("block {b} is damaged"));
-                let at = block.lower_bound(key).ok_or_else(damaged)?;
-                if at < block.entries {
-                    let e = block.entry(at).ok_or_else(damaged)?;
-                    if block.key(e) == key {
-                        answer[i] = match e.value {
-                            Some(_) => Answer::Present,
-                            None => Answer::Deleted,
-                        };
-                    }
+                if let Some((_, e)) = run.find(keys[i], &mut cache)? {
+                    answer[i] = match e.value {
+                        Some(_) => Answer::Present,
+                        None => Answer::Deleted,
+                    };
                 }
             }
         }
