@@ -336,3 +336,46 @@ fn stores_opened_with_one_options_share_its_rocksdb_memory() {
     drop((b, c));
     assert_eq!((query.rocks.shares().0, other.rocks.shares().0), (0, 0));
 }
+
+#[test]
+fn keys_put_new_in_one_sorted_pass_join_this_batch_s_writes() {
+    for kind in kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateStore::open(dir.path(), &options(kind)).unwrap();
+        store.load(None).unwrap();
+        store.put(b"b", b"old").unwrap();
+        store.put(b"d", b"old").unwrap();
+        store.commit(0).unwrap();
+
+        // Into an empty batch, in order; then into a batch holding a put and a delete (the
+        // deleted key is absent, so it may be put new again), out of order.
+        store
+            .put_new_sorted([(&b"a"[..], &b"1"[..]), (b"c", b"3")].into_iter())
+            .unwrap();
+        assert_eq!(store.metrics().num_rows_total, 4, "{kind}");
+        store.delete(b"d").unwrap();
+        store.put(b"e", b"5").unwrap();
+        store
+            .put_new_sorted([(&b"f"[..], &b""[..]), (b"d", b"new")].into_iter())
+            .unwrap();
+        let want = kv(&[
+            ("a", "1"),
+            ("b", "old"),
+            ("c", "3"),
+            ("d", "new"),
+            ("e", "5"),
+            ("f", ""),
+        ]);
+        assert_eq!(all(&store), want, "{kind}");
+        assert_eq!(store.metrics().num_rows_total, 6, "{kind}");
+        store.commit(1).unwrap();
+        store.load(Some(1)).unwrap();
+        assert_eq!(all(&store), want, "{kind}");
+        assert_eq!(store.metrics().num_rows_total, 6, "{kind}");
+        let mut found = Vec::new();
+        store
+            .contains_many(&[b"a", b"d", b"f", b"g"], true, &mut found)
+            .unwrap();
+        assert_eq!(found, [true, true, true, false], "{kind}");
+    }
+}

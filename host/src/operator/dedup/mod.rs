@@ -26,11 +26,12 @@
 //!   key expires at `delay`.
 //!
 //! Speed is the point (the bar is 20× Spark's throughput): keys are encoded
-//! column by column into one reused buffer, duplicates inside the batch are
-//! found with a hash set before the state is asked, each partition's store is
-//! asked once per batch for all its distinct keys in key order (one batched
-//! RocksDB lookup, not one per key), and the batch is cut with one Arrow
-//! filter.
+//! column by column into one reused buffer, duplicates inside the micro-batch
+//! are found with a hash set before the state is asked, each partition's store
+//! is asked once per micro-batch for all its distinct keys in key order (one
+//! batched lookup, not one per key, and not one per input batch: a
+//! micro-batch's input is taken as one), its new keys join the batch's writes in
+//! one sorted pass, and each input batch is cut with one Arrow filter.
 //!
 //! # Layout
 //! - this file: the configuration, its planning against the input schema
@@ -165,8 +166,10 @@ struct Scratch {
     keys: Vec<u8>,
     /// `keys[ends[r - 1]..ends[r]]` is row r's key (empty for late rows).
     ends: Vec<usize>,
-    /// Row ids (in the batch) of first occurrences, with their partitions.
-    candidates: Vec<(u32, u32)>,
+    /// Row ids (in the input) of first occurrences, grouped by partition.
+    candidates: Vec<u32>,
+    /// Within the watermark: when each row's key would expire (µs).
+    expires: Vec<i64>,
     /// Integer-set layout: (ordered value, row) of every keyed row.
     values: Vec<(u64, u32)>,
     /// Integer-set layout: per bucket touched, its key, partition and the
@@ -297,13 +300,13 @@ impl DedupOperator {
     }
 
     /// Deduplicates one input batch against the state (and the batch's
-    /// earlier rows), storing the keys of the rows it keeps.
+    /// earlier rows), storing the keys of the rows it keeps: the integer-set layout.
     fn process_batch(
         &mut self,
+        kind: IntKey,
         late_micros: i64,
         batch: &RecordBatch,
     ) -> Result<Option<RecordBatch>, OperatorError> {
-        self.check_input(batch).map_err(|e| self.invalid(e))?;
         let n = batch.num_rows();
         if n == 0 {
             return Ok(None);
@@ -312,12 +315,38 @@ impl DedupOperator {
             return Err(self.invalid_rows(n));
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let result = match self.int_key {
-            Some(kind) => self.dedup_int_set(kind, late_micros, batch, &mut scratch),
-            None => self.dedup_rows(late_micros, batch, &mut scratch),
-        };
+        let result = self.dedup_int_set(kind, late_micros, batch, &mut scratch);
         self.scratch = scratch;
-        let keep = result?;
+        self.keep_rows(batch, result?)
+    }
+
+    /// Deduplicates a micro-batch's input against the state and its own earlier rows,
+    /// storing the keys of the rows it keeps: the per-key layout, the batches taken
+    /// as one.
+    fn process_input(
+        &mut self,
+        late_micros: i64,
+        input: &[RecordBatch],
+    ) -> Result<Vec<RecordBatch>, OperatorError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = self.dedup_rows(late_micros, input, &mut scratch);
+        self.scratch = scratch;
+        let mut out = Vec::with_capacity(input.len());
+        for (batch, keep) in input.iter().zip(result?) {
+            if let Some(kept) = self.keep_rows(batch, keep)? {
+                out.push(kept);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rows of `batch` that `keep` marks (`None` when it marks none).
+    fn keep_rows(
+        &self,
+        batch: &RecordBatch,
+        keep: BooleanBuffer,
+    ) -> Result<Option<RecordBatch>, OperatorError> {
+        let n = batch.num_rows();
         let kept = keep.count_set_bits();
         if kept == 0 {
             return Ok(None);
@@ -387,12 +416,21 @@ impl StatefulOperator for DedupOperator {
     ) -> Result<Vec<RecordBatch>, OperatorError> {
         // Spark: `eventTime <= watermarkMs * 1000` is late (inclusive).
         let late_micros = ctx.late_ms.saturating_mul(1000);
-        let mut out = Vec::with_capacity(input.len());
         for batch in input {
-            if let Some(kept) = self.process_batch(late_micros, batch)? {
-                out.push(kept);
-            }
+            self.check_input(batch).map_err(|e| self.invalid(e))?;
         }
+        let out = match self.int_key {
+            Some(kind) => {
+                let mut out = Vec::with_capacity(input.len());
+                for batch in input {
+                    if let Some(kept) = self.process_batch(kind, late_micros, batch)? {
+                        out.push(kept);
+                    }
+                }
+                out
+            }
+            None => self.process_input(late_micros, input)?,
+        };
         // Spark evicts after the whole input (so a row that arrives in the
         // batch that expires its key is still recognised as a duplicate).
         self.evict(ctx.watermark_ms)

@@ -1,9 +1,11 @@
 //! The per-key layout of deduplication state: one entry per distinct key
 //! (any key columns), with an expiry index for `dropDuplicatesWithinWatermark`;
-//! see the parent module for the byte layout. Each batch is found in three
-//! passes (late filter and key encoding, duplicates within the batch, one
-//! batched state lookup per partition), and eviction scans only the expired
-//! key range.
+//! see the parent module for the byte layout. A micro-batch's input is taken
+//! as one, in three passes (late filter and key encoding, duplicates within the
+//! input, then per partition one sort, one batched state lookup and one write of
+//! the new keys), and eviction scans only the expired key range. Sorting per
+//! partition, not the whole input by partition, keeps ascending keys (increasing
+//! ids) in order, so the sort finds them sorted instead of sorting them again.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -25,73 +27,119 @@ const PREFIX_EXPIRY: u8 = 0x01;
 /// Length of `PREFIX_EXPIRY ‖ expiresAt`.
 const EXPIRY_HEAD: usize = 9;
 impl DedupOperator {
-    /// The three passes over one batch; returns the mask of rows to emit.
+    /// The three passes over a micro-batch's input, its batches taken as one (one
+    /// sort, one batched lookup and one write of the new keys per partition);
+    /// returns, per input batch, the mask of its rows to emit.
     pub(super) fn dedup_rows(
         &mut self,
         late_micros: i64,
-        batch: &RecordBatch,
+        input: &[RecordBatch],
         scratch: &mut Scratch,
-    ) -> Result<BooleanBuffer, OperatorError> {
-        let n = batch.num_rows();
-        let event_times = match self.event_time {
-            Some(i) => Some(
-                batch
-                    .column(i)
-                    .as_primitive_opt::<TimestampMicrosecondType>()
-                    .ok_or_else(|| self.invalid(self.event_time_type_error(i)))?,
-            ),
-            None => None,
-        };
-        let prefix = match self.expiry {
-            Expiry::WithinWatermark { .. } => Some(PREFIX_PRIMARY),
+    ) -> Result<Vec<BooleanBuffer>, OperatorError> {
+        let total: usize = input.iter().map(RecordBatch::num_rows).sum();
+        if total > u32::MAX as usize {
+            return Err(self.invalid_rows(total));
+        }
+        let within = match self.expiry {
+            Expiry::WithinWatermark { delay_micros } => Some(delay_micros),
             Expiry::Never | Expiry::EventTimeKey => None,
         };
+        let prefix = within.map(|_| PREFIX_PRIMARY);
 
-        // Pass 1: the late filter, then the key of every remaining row.
-        let late = event_times.map(|ts| late_rows(ts, late_micros));
-        if let Some((_, dropped)) = &late {
-            self.rows_dropped_late += dropped;
+        // Pass 1: per batch, the late filter, then the key of every remaining row
+        // (and, within the watermark, when it expires).
+        scratch.keys.clear();
+        scratch.ends.clear();
+        scratch.ends.reserve(total);
+        scratch.expires.clear();
+        let mut lates = Vec::with_capacity(input.len());
+        for batch in input {
+            let n = batch.num_rows();
+            let event_times = match self.event_time {
+                Some(i) => Some(
+                    batch
+                        .column(i)
+                        .as_primitive_opt::<TimestampMicrosecondType>()
+                        .ok_or_else(|| self.invalid(self.event_time_type_error(i)))?,
+                ),
+                None => None,
+            };
+            let late = event_times.map(|ts| late_rows(ts, late_micros));
+            if let Some((_, dropped)) = &late {
+                self.rows_dropped_late += dropped;
+            }
+            let late = late.map(|(mask, _)| mask);
+            let encoders = self
+                .keys
+                .iter()
+                .map(|k| ColumnEncoder::new(batch.column(k.index).as_ref()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| self.invalid(self.key_type_error()))?;
+            encode_keys(&encoders, prefix, late.as_ref(), n, scratch);
+            if let Some(delay_micros) = within {
+                // Spark reads a null event time as 0 (`UnsafeRow.getLong`).
+                scratch.expires.extend((0..n).map(|row| {
+                    event_times
+                        .filter(|ts| ts.is_valid(row))
+                        .map_or(0, |ts| ts.value(row))
+                        .saturating_add(delay_micros)
+                }));
+            }
+            lates.push(late);
         }
-        let late = late.map(|(mask, _)| mask);
-        let encoders = self
-            .keys
-            .iter()
-            .map(|k| ColumnEncoder::new(batch.column(k.index).as_ref()))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| self.invalid(self.key_type_error()))?;
-        encode_keys(&encoders, prefix, late.as_ref(), n, scratch);
 
-        // Pass 2: the first occurrence of each key within the batch.
-        scratch.candidates.clear();
+        // Pass 2: the first occurrence of each key within the input.
+        let mut firsts: Vec<(u32, u32)> = Vec::with_capacity(total);
         {
             let mut seen: HashSet<KeyRef<'_>, BuildHasherDefault<PassHasher>> =
-                HashSet::with_capacity_and_hasher(n, BuildHasherDefault::default());
+                HashSet::with_capacity_and_hasher(total, BuildHasherDefault::default());
             let mut start = 0;
-            for (row, &end) in scratch.ends.iter().enumerate() {
-                let is_late = late.as_ref().is_some_and(|l| l.value(row));
-                if !is_late {
-                    let bytes = &scratch.keys[start..end];
-                    let hash = fnv1a(bytes);
-                    if seen.insert(KeyRef { hash, bytes }) {
-                        // `row < n <= u32::MAX`, checked by the caller, and
-                        // the partition is below `num_partitions: u32`.
-                        scratch
-                            .candidates
-                            .push((row as u32, self.state.partition_of_hash(hash) as u32));
+            let mut row = 0;
+            for (batch, late) in input.iter().zip(&lates) {
+                for i in 0..batch.num_rows() {
+                    let end = scratch.ends[row];
+                    let is_late = late.as_ref().is_some_and(|l| l.value(i));
+                    if !is_late {
+                        let bytes = &scratch.keys[start..end];
+                        let hash = fnv1a(bytes);
+                        if seen.insert(KeyRef { hash, bytes }) {
+                            // `row < total <= u32::MAX`, checked above, and the
+                            // partition is below `num_partitions: u32`.
+                            firsts.push((row as u32, self.state.partition_of_hash(hash) as u32));
+                        }
                     }
+                    start = end;
+                    row += 1;
                 }
-                start = end;
             }
         }
+        // The first occurrences grouped by partition, each group in row order (a
+        // counting sort: no key is compared here).
+        let parts = self.state.partitions();
+        let mut bounds = vec![0usize; parts + 1];
+        for &(_, p) in &firsts {
+            bounds[p as usize + 1] += 1;
+        }
+        for p in 0..parts {
+            bounds[p + 1] += bounds[p];
+        }
+        scratch.candidates.clear();
+        scratch.candidates.resize(firsts.len(), 0);
+        let mut next = bounds.clone();
+        for &(row, p) in &firsts {
+            scratch.candidates[next[p as usize]] = row;
+            next[p as usize] += 1;
+        }
+        drop(firsts);
 
-        // Pass 3: per partition, one batched state lookup of its distinct
-        // keys in key order (RocksDB then searches each table once for the
-        // whole lookup); store the new ones. The partitions run on the
-        // query's threads.
+        // Pass 3: per partition, its distinct keys in key order, one batched state
+        // lookup of them, and one write of the new ones. The partitions run on
+        // the query's threads.
         let Scratch {
             keys,
             ends,
             candidates,
+            expires,
             ..
         } = scratch;
         let key_of = |row: u32| {
@@ -99,62 +147,80 @@ impl DedupOperator {
             let start = if row == 0 { 0 } else { ends[row - 1] };
             &keys[start..ends[row]]
         };
-        // Stable: keys mostly arrive ascending, and its merge sort finds those runs.
-        candidates.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| key_of(a.0).cmp(key_of(b.0))));
-        let mut parts: Vec<&[(u32, u32)]> = vec![&[]; self.state.partitions()];
-        for part in candidates.chunk_by(|a, b| a.1 == b.1) {
-            parts[part[0].1 as usize] = part;
-        }
-        let expiry = self.expiry;
         let new_rows = self
             .state
             .each_store(|p, store| {
-                let part = parts[p];
-                let mut new = Vec::new();
-                if part.is_empty() {
-                    return Ok(new);
+                let rows = &candidates[bounds[p]..bounds[p + 1]];
+                if rows.is_empty() {
+                    return Ok(Vec::new());
                 }
-                let lookup: Vec<&[u8]> = part.iter().map(|&(row, _)| key_of(row)).collect();
+                let lookup = sorted_keys(rows, &key_of);
                 let mut found = Vec::with_capacity(lookup.len());
-                store.contains_many(&lookup, true, &mut found)?;
-                let mut index_key = Vec::new();
-                for (&(row, _), (&key, &present)) in
-                    part.iter().zip(lookup.iter().zip(found.iter()))
-                {
-                    if present {
-                        continue;
+                store.contains_many(
+                    &lookup.iter().map(|&(_, key)| key).collect::<Vec<_>>(),
+                    true,
+                    &mut found,
+                )?;
+                let new: Vec<(u32, &[u8])> = lookup
+                    .into_iter()
+                    .zip(found)
+                    .filter_map(|(entry, present)| (!present).then_some(entry))
+                    .collect();
+                if within.is_none() {
+                    store.put_new_sorted(new.iter().map(|&(_, key)| (key, &[][..])))?;
+                } else {
+                    // `key → expiresAt`, then the index `expiresAt ‖ key` ordered by
+                    // expiry and key: a stable sort by expiry of the key-ordered rows.
+                    let values: Vec<[u8; 8]> = new
+                        .iter()
+                        .map(|&(row, _)| expires[row as usize].to_be_bytes())
+                        .collect();
+                    store.put_new_sorted(
+                        new.iter()
+                            .zip(&values)
+                            .map(|(&(_, key), value)| (key, &value[..])),
+                    )?;
+                    let mut by_expiry: Vec<(i64, &[u8])> = new
+                        .iter()
+                        .map(|&(row, key)| (expires[row as usize], key))
+                        .collect();
+                    by_expiry.sort_by_key(|&(at, _)| at);
+                    let mut index = Vec::new();
+                    let mut index_ends = Vec::with_capacity(by_expiry.len());
+                    for (at, key) in by_expiry {
+                        index.push(PREFIX_EXPIRY);
+                        index.extend_from_slice(&flip_i64(at));
+                        index.extend_from_slice(&key[1..]);
+                        index_ends.push(index.len());
                     }
-                    new.push(row);
-                    match expiry {
-                        Expiry::Never | Expiry::EventTimeKey => store.put_new(key, &[])?,
-                        Expiry::WithinWatermark { delay_micros } => {
-                            // Spark reads a null event time as 0 (`UnsafeRow.getLong`).
-                            let row = row as usize;
-                            let ts = event_times
-                                .filter(|ts| ts.is_valid(row))
-                                .map_or(0, |ts| ts.value(row));
-                            let expires_at = ts.saturating_add(delay_micros);
-                            store.put_new(key, &expires_at.to_be_bytes())?;
-                            index_key.clear();
-                            index_key.push(PREFIX_EXPIRY);
-                            index_key.extend_from_slice(&flip_i64(expires_at));
-                            index_key.extend_from_slice(&key[1..]);
-                            store.put(&index_key, &[])?;
-                        }
-                    }
+                    let mut start = 0;
+                    store.put_new_sorted(index_ends.iter().map(|&end| {
+                        let key = &index[start..end];
+                        start = end;
+                        (key, &[][..])
+                    }))?;
                 }
-                Ok(new)
+                Ok(new.into_iter().map(|(row, _)| row).collect())
             })
             .map_err(|e| state_error(self.name, e))?;
-        let mut keep = BooleanBufferBuilder::new(n);
-        keep.append_n(n, false);
+        let mut keep = BooleanBufferBuilder::new(total);
+        keep.append_n(total, false);
         for rows in new_rows {
             self.state.updated(rows.len() as u64);
             for row in rows {
                 keep.set_bit(row as usize, true);
             }
         }
-        Ok(keep.finish())
+        let keep = keep.finish();
+        let mut offset = 0;
+        Ok(input
+            .iter()
+            .map(|batch| {
+                let mask = keep.slice(offset, batch.num_rows());
+                offset += batch.num_rows();
+                mask
+            })
+            .collect())
     }
 
     /// The key range holding the entries that `watermark_ms` expires, or
@@ -210,7 +276,7 @@ impl DedupOperator {
     }
 }
 
-/// Writes every non-late row's state key into `scratch.keys`, row after row.
+/// Appends every non-late row's state key to `scratch.keys`, row after row.
 fn encode_keys(
     encoders: &[ColumnEncoder<'_>],
     prefix: Option<u8>,
@@ -220,9 +286,6 @@ fn encode_keys(
 ) {
     let keys = &mut scratch.keys;
     let ends = &mut scratch.ends;
-    keys.clear();
-    ends.clear();
-    ends.reserve(n);
     for row in 0..n {
         if late.is_none_or(|l| !l.value(row)) {
             if let Some(p) = prefix {
@@ -234,6 +297,27 @@ fn encode_keys(
         }
         ends.push(keys.len());
     }
+}
+
+/// `rows`' keys in ascending order, each with its row. The sort compares the keys'
+/// first 16 bytes as one integer and reads the rest only on a tie; keys that arrive
+/// mostly ascending (increasing ids) are found in order in about one pass.
+fn sorted_keys<'k>(rows: &[u32], key_of: &impl Fn(u32) -> &'k [u8]) -> Vec<(u32, &'k [u8])> {
+    let mut order: Vec<(u128, u32)> = rows
+        .iter()
+        .map(|&row| {
+            let key = key_of(row);
+            let mut head = [0u8; 16];
+            let n = key.len().min(16);
+            head[..n].copy_from_slice(&key[..n]);
+            (u128::from_be_bytes(head), row)
+        })
+        .collect();
+    order.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| key_of(a.1).cmp(key_of(b.1))));
+    order
+        .into_iter()
+        .map(|(_, row)| (row, key_of(row)))
+        .collect()
 }
 
 /// A key of the batch being deduplicated, with its precomputed hash.

@@ -883,3 +883,138 @@ fn partitions_on_threads_keep_what_one_thread_keeps() {
         assert!(one.iter().any(|s| s.4 > 0), "{keys:?}: nothing late");
     }
 }
+
+/// What Spark keeps, row by row: a row is late when its event time is `<= late_ms * 1000`;
+/// else it is emitted when its key is not held, and its key is then held (with its expiry).
+/// After the input, `EventTimeKey` drops keys whose event time is `<= wm_ms * 1000`, within
+/// the watermark drops keys whose `expiresAt` is `<= wm_ms * 1000`.
+#[derive(Default)]
+struct DedupModel {
+    held: std::collections::HashMap<Vec<Option<String>>, Option<i64>>,
+}
+
+impl DedupModel {
+    fn step(
+        &mut self,
+        keys: &[&str],
+        expiry: Expiry,
+        late_ms: i64,
+        wm_ms: i64,
+        batches: &[Vec<Row>],
+    ) -> (Vec<Row>, u64, u64, u64) {
+        let mut out = Vec::new();
+        let (mut late, mut added) = (0, 0);
+        for &row in batches.iter().flatten() {
+            if row.2.is_some_and(|t| t <= late_ms * 1000) {
+                late += 1;
+                continue;
+            }
+            let key: Vec<Option<String>> = keys
+                .iter()
+                .map(|&k| match k {
+                    "order_id" => row.0.map(|v| v.to_string()),
+                    "status" => row.1.map(str::to_owned),
+                    _ => row.2.map(|v| v.to_string()),
+                })
+                .collect();
+            if self.held.contains_key(&key) {
+                continue;
+            }
+            let expires = match expiry {
+                Expiry::Never => None,
+                Expiry::EventTimeKey => row.2,
+                Expiry::WithinWatermark { delay_micros } => {
+                    Some(row.2.unwrap_or(0).saturating_add(delay_micros))
+                }
+            };
+            self.held.insert(key, expires);
+            out.push(row);
+            added += 1;
+        }
+        let before = self.held.len();
+        if expiry != Expiry::Never {
+            self.held
+                .retain(|_, at| at.is_none_or(|at| at > wm_ms * 1000));
+        }
+        (out, added, (before - self.held.len()) as u64, late)
+    }
+}
+
+/// Many input batches per micro-batch (empty ones among them), duplicates inside a batch,
+/// across the batches of one micro-batch and across micro-batches, late rows, null keys and
+/// every eviction rule, on the memory and runs stores with three partitions: the per-key layout
+/// emits, counts and evicts exactly what a row-by-row model of Spark's rules does.
+#[test]
+fn the_per_key_layout_keeps_what_a_row_by_row_model_keeps() {
+    let statuses = ["a", "b", "c", "d", "e"];
+    let mut rng = Xorshift(0x0dd5_eed5_1234_5678);
+    // Micro-batch b: 0 to 4 input batches of 0 to 120 rows.
+    let micro_batches: Vec<Vec<Vec<Row>>> = (0..16i64)
+        .map(|b| {
+            let parts = rng.next() % 5;
+            (0..parts)
+                .map(|_| {
+                    let rows = rng.next() % 121;
+                    (0..rows)
+                        .map(|_| {
+                            // Mostly ascending ids with repeats, some far back.
+                            let id = if rng.next().is_multiple_of(4) {
+                                (rng.next() % 600) as i64
+                            } else {
+                                b * 40 + (rng.next() % 60) as i64
+                            };
+                            let id = (!rng.next().is_multiple_of(40)).then_some(id);
+                            let status = (!rng.next().is_multiple_of(30))
+                                .then(|| statuses[(rng.next() % 5) as usize]);
+                            let back = (rng.next() % 30) as i64;
+                            let t = (b * 3 + 20 - back.min(b * 3 + 20)) * MIN;
+                            let t = (!rng.next().is_multiple_of(50)).then_some(t);
+                            (id, status, t)
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let cases: [(&[&str], bool, Expiry); 3] = [
+        (&["order_id", "status"], false, Expiry::Never),
+        (&["order_id", "occurred_at"], false, Expiry::EventTimeKey),
+        (
+            &["status", "order_id"],
+            true,
+            Expiry::WithinWatermark {
+                delay_micros: 10 * MIN,
+            },
+        ),
+    ];
+    for kind in [StoreKind::Memory, StoreKind::Runs] {
+        for (keys, within, expiry) in cases {
+            let dir = TempDir::new().expect("tempdir");
+            let mut cfg = config(dir.path(), keys, true);
+            cfg.within_watermark = within;
+            cfg.num_partitions = 3;
+            cfg.state.kind = kind;
+            let mut op = open(cfg, None);
+            let mut model = DedupModel::default();
+            let (mut emitted, mut evicted) = (0, 0);
+            for (id, batches) in micro_batches.iter().enumerate() {
+                let wm = (id as i64 * 3 + 5) * MIN_MS;
+                let late = wm - 3 * MIN_MS;
+                let parts: Vec<&[Row]> = batches.iter().map(Vec::as_slice).collect();
+                let (out, m) = step(&mut op, id as u64, late, wm, &parts);
+                let (want, added, removed, dropped) = model.step(keys, expiry, late, wm, batches);
+                let at = format!("{kind:?} {keys:?} micro-batch {id}");
+                assert_eq!(out, want, "{at}");
+                assert_eq!(m.num_rows_updated, added, "{at}");
+                assert_eq!(m.num_rows_removed, removed, "{at}");
+                assert_eq!(m.num_rows_dropped_by_watermark, dropped, "{at}");
+                assert_eq!(m.num_rows_total, model.held.len() as u64, "{at}");
+                emitted += added;
+                evicted += removed;
+            }
+            // The case does what it is meant to.
+            assert!(emitted > 300, "{kind:?} {keys:?}: {emitted} emitted");
+            assert_eq!(evicted > 0, expiry != Expiry::Never, "{kind:?} {keys:?}");
+        }
+    }
+}
