@@ -616,9 +616,10 @@ impl StateStore {
     /// not one tree search per key. Keys out of order are still sorted correctly, only
     /// slower.
     ///
-    /// When the batch already holds writes, the two are merged in one pass too; a key
-    /// this batch deleted before is then counted twice in [`Self::pending_memory_bytes`] until
-    /// the commit.
+    /// When the batch already holds writes, the two are merged in one pass (or, when the
+    /// batch's writes far outnumber the new keys, each new key inserted); a key this batch
+    /// deleted before is then counted twice in [`Self::pending_memory_bytes`] until the
+    /// commit.
     ///
     /// # Errors
     /// When the backend cannot be read (only checked in debug builds).
@@ -650,8 +651,17 @@ impl StateStore {
         }
         self.rows += added;
         self.pending_bytes += bytes;
-        // Moves the smaller map into the larger when one is empty; else one merge.
-        self.pending.append(&mut built);
+        // Into an empty batch the built map is moved whole. Else a merge rebuilds both in one
+        // pass, which is worth it unless the batch's writes far outnumber the new keys: then
+        // one tree search per new key is less work.
+        let depth = (usize::BITS - self.pending.len().leading_zeros()) as usize;
+        if built.len().saturating_mul(depth) < self.pending.len() {
+            for (key, value) in built {
+                self.pending.insert(key, value);
+            }
+        } else {
+            self.pending.append(&mut built);
+        }
         Ok(())
     }
 

@@ -1355,26 +1355,32 @@ mod tests {
         assert_eq!(on_disk, backend.runs.len());
     }
 
-    /// Commits that are not sorted (replays of other writers) are sorted, the last write of a
-    /// key winning.
     #[test]
     fn keys_compare_as_byte_strings_do() {
         let mut rng = Rng(0x00c0_ffee_1234_5678);
-        // Short alphabets and lengths around the 8-byte steps make ties, prefixes and
-        // differences in every position common.
-        let mut key = || {
-            let len = rng.below(26) as usize;
-            (0..len)
-                .map(|_| [0u8, 1, 0x7f, 0x80, 0xff][rng.below(5) as usize])
-                .collect::<Vec<u8>>()
-        };
-        for _ in 0..20_000 {
-            let (a, b) = (key(), key());
+        let alphabet = [0u8, 1, 0x7f, 0x80, 0xff];
+        for _ in 0..50_000 {
+            let len = rng.below(40) as usize;
+            let a: Vec<u8> = (0..len).map(|_| alphabet[rng.below(5) as usize]).collect();
+            // `b` is `a` with one byte changed, or cut short, or made longer: keys that agree
+            // for many 8-byte steps and differ in any position of any step, or not at all.
+            let mut b = a.clone();
+            match rng.below(4) {
+                0 if !b.is_empty() => {
+                    let at = rng.below(b.len() as u64) as usize;
+                    b[at] = alphabet[rng.below(5) as usize];
+                }
+                1 => b.truncate(rng.below(len as u64 + 1) as usize),
+                2 => b.extend((0..=rng.below(9)).map(|_| alphabet[rng.below(5) as usize])),
+                _ => {}
+            }
             assert_eq!(compare(&a, &b), a.cmp(&b), "{a:?} {b:?}");
-            assert_eq!(compare(&a, &a), Ordering::Equal);
+            assert_eq!(compare(&b, &a), b.cmp(&a), "{b:?} {a:?}");
         }
     }
 
+    /// Commits that are not sorted (replays of other writers) are sorted, the last write of a
+    /// key winning.
     #[test]
     fn unsorted_changes_keep_the_last_write() {
         let tmp = tempfile::tempdir().unwrap();

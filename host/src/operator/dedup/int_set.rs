@@ -262,7 +262,7 @@ impl IntKey {
 }
 
 impl DedupOperator {
-    /// [`Self::dedup_rows`] for the integer-set layout: the batch's keyed
+    /// Deduplication of one input batch in the integer-set layout: the batch's keyed
     /// rows sorted by value (the first row of each value wins), grouped by
     /// bucket, each partition's buckets read in one batched lookup, updated
     /// and written back.

@@ -26,12 +26,13 @@
 //!   key expires at `delay`.
 //!
 //! Speed is the point (the bar is 20× Spark's throughput): keys are encoded
-//! column by column into one reused buffer, duplicates inside the micro-batch
-//! are found with a hash set before the state is asked, each partition's store
-//! is asked once per micro-batch for all its distinct keys in key order (one
-//! batched lookup, not one per key, and not one per input batch: a
-//! micro-batch's input is taken as one), its new keys join the batch's writes in
-//! one sorted pass, and each input batch is cut with one Arrow filter.
+//! column by column into one reused buffer, duplicates are found with a hash
+//! set before the state is asked, each partition's store is asked once for all
+//! its distinct keys in key order (one batched lookup, not one per key), and
+//! each input batch is cut with one Arrow filter. The per-key layout takes a
+//! micro-batch's input batches together (up to [`CHUNK_ROWS`] rows), so a
+//! store is asked once per micro-batch rather than once per input batch, and
+//! its new keys join the batch's writes in one sorted pass.
 //!
 //! # Layout
 //! - this file: the configuration, its planning against the input schema
@@ -83,6 +84,11 @@ mod tests;
 
 pub use int_set::BUCKET_MEMBERS;
 use int_set::{COUNT_KEY, IntKey};
+
+/// Input rows the per-key layout takes in one pass (whole input batches; one larger batch
+/// is taken alone): large enough that a pass's sort and batched lookup are worth their fixed
+/// cost, small enough that its buffers (about 40 bytes a row) stay a few megabytes.
+const CHUNK_ROWS: usize = 1 << 18;
 
 /// Spark's `shortName` of `StreamingDeduplicateExec`.
 const NAME_DEDUP: &str = "dedupe";
@@ -159,14 +165,15 @@ struct KeyColumn {
     data_type: DataType,
 }
 
-/// Reused per-batch buffers (kept to avoid reallocating every batch).
+/// Buffers reused from pass to pass (one input batch of the integer-set layout, one chunk of
+/// a micro-batch's input of the per-key layout), kept to avoid reallocating them every time.
 #[derive(Debug, Default)]
 struct Scratch {
     /// Encoded keys of all rows, back to back.
     keys: Vec<u8>,
     /// `keys[ends[r - 1]..ends[r]]` is row r's key (empty for late rows).
     ends: Vec<usize>,
-    /// Row ids (in the input) of first occurrences, grouped by partition.
+    /// Row ids (in the chunk) of first occurrences, grouped by partition.
     candidates: Vec<u32>,
     /// Within the watermark: when each row's key would expire (µs).
     expires: Vec<i64>,
@@ -321,20 +328,35 @@ impl DedupOperator {
     }
 
     /// Deduplicates a micro-batch's input against the state and its own earlier rows,
-    /// storing the keys of the rows it keeps: the per-key layout, the batches taken
-    /// as one.
+    /// storing the keys of the rows it keeps: the per-key layout, consecutive input batches
+    /// taken as one up to [`CHUNK_ROWS`] rows (so that the buffers of one pass stay bounded
+    /// however large the micro-batch; a later chunk sees an earlier one's keys among the
+    /// batch's writes, so the result is the same).
     fn process_input(
         &mut self,
         late_micros: i64,
         input: &[RecordBatch],
     ) -> Result<Vec<RecordBatch>, OperatorError> {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let result = self.dedup_rows(late_micros, input, &mut scratch);
-        self.scratch = scratch;
         let mut out = Vec::with_capacity(input.len());
-        for (batch, keep) in input.iter().zip(result?) {
-            if let Some(kept) = self.keep_rows(batch, keep)? {
-                out.push(kept);
+        let mut rest = input;
+        while !rest.is_empty() {
+            let mut rows = rest[0].num_rows();
+            let mut take = 1;
+            while let Some(next) = rest.get(take)
+                && rows + next.num_rows() <= CHUNK_ROWS
+            {
+                rows += next.num_rows();
+                take += 1;
+            }
+            let (chunk, after) = rest.split_at(take);
+            rest = after;
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let result = self.dedup_rows(late_micros, chunk, &mut scratch);
+            self.scratch = scratch;
+            for (batch, keep) in chunk.iter().zip(result?) {
+                if let Some(kept) = self.keep_rows(batch, keep)? {
+                    out.push(kept);
+                }
             }
         }
         Ok(out)

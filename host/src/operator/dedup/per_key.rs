@@ -27,9 +27,9 @@ const PREFIX_EXPIRY: u8 = 0x01;
 /// Length of `PREFIX_EXPIRY ‖ expiresAt`.
 const EXPIRY_HEAD: usize = 9;
 impl DedupOperator {
-    /// The three passes over a micro-batch's input, its batches taken as one (one
-    /// sort, one batched lookup and one write of the new keys per partition);
-    /// returns, per input batch, the mask of its rows to emit.
+    /// The three passes over a chunk of a micro-batch's input, its batches taken as
+    /// one (one sort, one batched lookup and one write of the new keys per
+    /// partition); returns, per input batch, the mask of its rows to emit.
     pub(super) fn dedup_rows(
         &mut self,
         late_micros: i64,
@@ -130,6 +130,13 @@ impl DedupOperator {
             scratch.candidates[next[p as usize]] = row;
             next[p as usize] += 1;
         }
+        if firsts.is_empty() {
+            // Every row late or empty input: no store is asked.
+            return Ok(input
+                .iter()
+                .map(|batch| BooleanBuffer::new_unset(batch.num_rows()))
+                .collect());
+        }
         drop(firsts);
 
         // Pass 3: per partition, its distinct keys in key order, one batched state
@@ -169,17 +176,14 @@ impl DedupOperator {
                 if within.is_none() {
                     store.put_new_sorted(new.iter().map(|&(_, key)| (key, &[][..])))?;
                 } else {
-                    // `key → expiresAt`, then the index `expiresAt ‖ key` ordered by
-                    // expiry and key: a stable sort by expiry of the key-ordered rows.
+                    // `0x00 ‖ key → expiresAt`, then the index `0x01 ‖ expiresAt ‖ key`
+                    // ordered by expiry and key (a stable sort by expiry of the key-ordered
+                    // rows): ascending as one sequence. The index entry of a key is absent
+                    // when its primary entry is: the two are written and removed together.
                     let values: Vec<[u8; 8]> = new
                         .iter()
                         .map(|&(row, _)| expires[row as usize].to_be_bytes())
                         .collect();
-                    store.put_new_sorted(
-                        new.iter()
-                            .zip(&values)
-                            .map(|(&(_, key), value)| (key, &value[..])),
-                    )?;
                     let mut by_expiry: Vec<(i64, &[u8])> = new
                         .iter()
                         .map(|&(row, key)| (expires[row as usize], key))
@@ -193,12 +197,15 @@ impl DedupOperator {
                         index.extend_from_slice(&key[1..]);
                         index_ends.push(index.len());
                     }
-                    let mut start = 0;
-                    store.put_new_sorted(index_ends.iter().map(|&end| {
-                        let key = &index[start..end];
-                        start = end;
-                        (key, &[][..])
-                    }))?;
+                    let primary = new
+                        .iter()
+                        .zip(&values)
+                        .map(|(&(_, key), value)| (key, &value[..]));
+                    let index_starts = std::iter::once(0).chain(index_ends.iter().copied());
+                    let index_entries = index_starts
+                        .zip(&index_ends)
+                        .map(|(start, &end)| (&index[start..end], &[][..]));
+                    store.put_new_sorted(primary.chain(index_entries))?;
                 }
                 Ok(new.into_iter().map(|(row, _)| row).collect())
             })
@@ -302,7 +309,10 @@ fn encode_keys(
 /// `rows`' keys in ascending order, each with its row. The sort compares the keys'
 /// first 16 bytes as one integer and reads the rest only on a tie; keys that arrive
 /// mostly ascending (increasing ids) are found in order in about one pass.
-fn sorted_keys<'k>(rows: &[u32], key_of: &impl Fn(u32) -> &'k [u8]) -> Vec<(u32, &'k [u8])> {
+pub(super) fn sorted_keys<'k>(
+    rows: &[u32],
+    key_of: &impl Fn(u32) -> &'k [u8],
+) -> Vec<(u32, &'k [u8])> {
     let mut order: Vec<(u128, u32)> = rows
         .iter()
         .map(|&row| {
