@@ -70,6 +70,7 @@ fn main() -> ExitCode {
         Some("run-variant") => run_variant(&args[2..]),
         Some("boundary") => boundary(&args[2..]),
         Some("stateful") => stateful::stateful(&args[2..]),
+        Some("sink-result") => stateful::print_sink_result(&args[2..]),
         Some("loading") => loading::loading(&args[2..]),
         Some("plugin-state") => plugin_state::plugin_state(&args[2..]),
         Some("fixed-cost") => fixed_cost::fixed_cost(&args[2..]),
@@ -84,7 +85,7 @@ fn main() -> ExitCode {
         Some("threads") => threads::threads(&args[2..]),
         Some("cli") => return weir_host::cli::main_from(args[1..].iter()),
         _ => Err(anyhow::anyhow!(
-            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count] [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS] [--engine weir|spark] [--spark-python PY] [--work DIR] | weir-bench nexmark [--events N] [--files F] [--queries q0,q1,...] [--runs R] [--kafka] [--plot FILE.svg] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store runs|rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv]"
+            "usage: weir-bench pipeline --input DIR [--runs N] [--work DIR] | weir-bench threads --input DIR [--runs N] [--threads N] [--work DIR] | weir-bench boundary [--iterations N] [--slow-iterations N] | weir-bench loading --input DIR [--iterations N] [--runs N] [--instances N] [--max-rss-mb MB] [--work DIR] | weir-bench plugin-state --input DIR [--runs N] [--work DIR] | weir-bench fixed-cost [--batches N] [--runs N] [--work DIR] | weir-bench kafka [--orders N | --input DIR] [--partitions P] [--runs R] [--format parquet|json|delta] [--broker mock|tansu] [--work DIR] | weir-bench latency [--rate N] [--seconds S] [--warmup S] [--query stateless|count] [--mode real-time|micro-batch] [--interval DURATION] [--partitions P] [--tick MS] [--engine weir|spark] [--spark-python PY] [--work DIR] | weir-bench nexmark [--events N] [--files F] [--queries q0,q1,...] [--runs R] [--kafka] [--plot FILE.svg] [--work DIR] | weir-bench delta [--rows N] [--commits N] [--chain-rows N] [--runs N] [--work DIR] | weir-bench stateful --input DIR --query revenue|dedup|join|attribution [--customers FILE] [--clicks DIR] [--runs N] [--store runs|rocksdb|memory] [--threads N] [--work DIR] [--spark-python PY --spark-bench DIR] [--expect SPARK.csv] | weir-bench sink-result --query revenue|dedup|join|attribution DIR"
         )),
     };
     match result {

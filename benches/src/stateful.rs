@@ -6,11 +6,12 @@
 //! harness's `measure.py`, which samples the python + JVM process tree
 //! (pyspark never waits for its JVM, so rusage would miss it). Both read the
 //! same files one per micro-batch and write Parquet. Spark runs with
-//! `--no-result` (its read-back of the sink would count as its CPU), so the
-//! Spark runs timed here produce no result to compare with: Weir's result is
-//! checked against `--expect`, Spark's CSV made by an earlier run of the
-//! reference harness on the same seeded input (row for row for revenue and the
-//! joins; dedup by its largest state and output rows against RESULTS.md). Spark's JVM start-up is measured once
+//! `--no-result` (its read-back of the sink would count as its CPU); instead,
+//! after each Spark run this process reads Spark's Parquet output and compares
+//! it with Weir's in the same run (row for row for revenue and the static join;
+//! for dedup the row count and a digest of the whole rows kept). `--expect`
+//! also checks Weir's result against a CSV of Spark's (the attribution join's
+//! pairs, whose Spark script writes no Parquet). Spark's JVM start-up is measured once
 //! (`--query startup`) so its rows per CPU-second are given both whole and
 //! net of start-up.
 
@@ -204,6 +205,25 @@ pub fn stateful(args: &[String]) -> Result<()> {
         println!(
             "Weir / Spark rows per CPU-second: {whole_ratio:.1}× (Spark's whole process), {net_ratio:.1}× (Spark net of its {startup:.1} CPU-s start-up); peak RSS {rss_ratio:.1}× less"
         );
+        if query != "attribution" {
+            let same = spark.iter().all(|s| s.result == weir[0].result);
+            let shown = |r: &[String]| match query.as_str() {
+                "dedup" => r.join(", "),
+                _ => format!("{} rows", r.len()),
+            };
+            println!(
+                "Spark's result equals Weir's in every run: {same} (Weir: {}; Spark: {})",
+                shown(&weir[0].result),
+                spark
+                    .iter()
+                    .map(|s| shown(&s.result))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+            if let Some(other) = spark.iter().find(|s| s.result != weir[0].result) {
+                show_difference(&other.result, &weir[0].result);
+            }
+        }
         println!(
             "the same largest state as Spark: {same_state} (Weir {} rows, Spark {})",
             weir[0].state_rows_max,
@@ -460,7 +480,7 @@ fn weir_run(
         state_bytes: du(&dir.join("checkpoint").join("state"), &mut HashSet::new())?,
         state_rows_max,
         output_rows,
-        result: weir_result(&dir.join("out"), query)?,
+        result: sink_result(&dir.join("out"), query)?,
     })
 }
 
@@ -486,112 +506,148 @@ fn du(dir: &Path, seen: &mut HashSet<(u64, u64)>) -> Result<u64> {
     Ok(total)
 }
 
-/// The comparable result: for revenue the sorted rows
-/// `window_start,window_end,status,orders,revenue` as Spark's CSV prints
-/// them; for dedup the number of rows.
-fn weir_result(out: &Path, query: &str) -> Result<Vec<String>> {
+/// `weir-bench sink-result --query Q DIR`: prints what [`sink_result`] compares for the sink
+/// folder `DIR` of either engine (its rows, or for dedup the count and digest), so that a
+/// comparison of the side-by-side run can be repeated on the folders it leaves.
+pub fn print_sink_result(args: &[String]) -> Result<()> {
+    let query = flag(args, "--query").context("--query revenue|dedup|join|attribution")?;
+    let Some(dir) = args.last().filter(|a| !a.starts_with("--") && **a != query) else {
+        bail!("sink-result --query Q DIR");
+    };
+    for line in sink_result(Path::new(dir), &query)? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The Parquet files of a sink's folder, sorted: Weir's `batch-*.parquet` or Spark's
+/// `part-*.parquet` (Spark's `_spark_metadata` and hidden files left out).
+fn sink_files(out: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(out).with_context(|| format!("reading {}", out.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_file()
+            && name.ends_with(".parquet")
+            && !name.starts_with('_')
+            && !name.starts_with('.')
+        {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The comparable result of a sink's folder, from either engine's files (Spark writes
+/// timestamps as INT96, read as nanoseconds; sums at a wider decimal precision: columns are
+/// cast to one type first). For revenue and the joins the sorted rows as Spark's CSV prints
+/// them (`window_start,window_end,status,orders,revenue`; `…,country,orders`; `click,order`);
+/// for dedup the number of rows and a digest of the multiset of whole rows (the sum of a hash
+/// of each row's six columns), so a different row kept for a key shows.
+pub(crate) fn sink_result(out: &Path, query: &str) -> Result<Vec<String>> {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
-    use arrow_array::types::{Int64Type, TimestampMicrosecondType};
-    let mut files: Vec<PathBuf> = std::fs::read_dir(out)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    files.sort();
+    use arrow_array::types::{Decimal128Type, Int64Type, TimestampMicrosecondType};
+    use arrow_schema::{DataType, TimeUnit};
+    use std::hash::{Hash, Hasher};
     let mut rows = Vec::new();
-    let mut count = 0;
-    for file in files {
+    let (mut count, mut digest) = (0u64, 0u64);
+    for file in sink_files(out)? {
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
             std::fs::File::open(&file)?,
         )?
         .build()?;
         for batch in reader {
             let batch = batch?;
-            count += batch.num_rows();
-            let ts = |v: i64| normalise_ts(&weir_host::progress::rfc3339_ms(v.div_euclid(1000)));
-            if query == "attribution" {
-                let pairs = |name: &str| -> Result<Vec<String>> {
-                    let c = batch
-                        .column_by_name(name)
-                        .with_context(|| format!("no column {name} in {}", file.display()))?
-                        .as_primitive::<Int64Type>();
-                    Ok((0..c.len())
-                        .map(|i| {
-                            if c.is_null(i) {
-                                String::new()
-                            } else {
-                                c.value(i).to_string()
-                            }
-                        })
-                        .collect())
-                };
-                for (click, order) in pairs("click_id")?.into_iter().zip(pairs("order_id")?) {
-                    rows.push(format!("{click},{order}"));
-                }
-                continue;
-            }
-            if query == "join" {
-                let col = |name: &str| {
-                    batch
-                        .column_by_name(name)
-                        .with_context(|| format!("no column {name} in {}", file.display()))
-                };
-                let start = col("window_start")?.as_primitive::<TimestampMicrosecondType>();
-                let end = col("window_end")?.as_primitive::<TimestampMicrosecondType>();
-                let country = col("country")?.as_string::<i32>();
-                let orders = col("orders")?.as_primitive::<Int64Type>();
-                for i in 0..batch.num_rows() {
-                    rows.push(format!(
-                        "{},{},{},{}",
-                        ts(start.value(i)),
-                        ts(end.value(i)),
-                        if country.is_null(i) {
-                            ""
-                        } else {
-                            country.value(i)
-                        },
-                        orders.value(i)
-                    ));
-                }
-                continue;
-            }
-            if query != "revenue" {
-                continue;
-            }
-            let col = |name: &str| {
-                batch
+            count += batch.num_rows() as u64;
+            // Column `name` cast to `to`.
+            let col = |name: &str, to: &DataType| -> Result<arrow_array::ArrayRef> {
+                let c = batch
                     .column_by_name(name)
-                    .with_context(|| format!("no column {name} in {}", file.display()))
+                    .with_context(|| format!("no column {name} in {}", file.display()))?;
+                arrow_cast::cast(c, to).with_context(|| format!("{name} in {}", file.display()))
             };
-            let start = col("window_start")?.as_primitive::<TimestampMicrosecondType>();
-            let end = col("window_end")?.as_primitive::<TimestampMicrosecondType>();
-            let status = col("status")?.as_string::<i32>();
-            let orders = col("orders")?.as_primitive::<Int64Type>();
-            let revenue = col("revenue")?.as_primitive::<arrow_array::types::Decimal128Type>();
-            for i in 0..batch.num_rows() {
-                rows.push(format!(
-                    "{},{},{},{},{}",
-                    ts(start.value(i)),
-                    ts(end.value(i)),
-                    if status.is_null(i) {
-                        ""
-                    } else {
-                        status.value(i)
-                    },
-                    orders.value(i),
-                    if revenue.is_null(i) {
-                        String::new()
-                    } else {
-                        revenue.value_as_string(i)
+            let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+            let (int, text, cents) = (DataType::Int64, DataType::Utf8, DataType::Decimal128(38, 2));
+            let ts = |v: i64| normalise_ts(&weir_host::progress::rfc3339_ms(v.div_euclid(1000)));
+            let opt = |valid: bool, v: String| if valid { v } else { String::new() };
+            match query {
+                "attribution" => {
+                    let (click, order) = (col("click_id", &int)?, col("order_id", &int)?);
+                    let (click, order) = (
+                        click.as_primitive::<Int64Type>(),
+                        order.as_primitive::<Int64Type>(),
+                    );
+                    for i in 0..batch.num_rows() {
+                        rows.push(format!(
+                            "{},{}",
+                            opt(click.is_valid(i), click.value(i).to_string()),
+                            opt(order.is_valid(i), order.value(i).to_string())
+                        ));
                     }
-                ));
+                }
+                "join" | "revenue" => {
+                    let (start, end) = (col("window_start", &micros)?, col("window_end", &micros)?);
+                    let start = start.as_primitive::<TimestampMicrosecondType>();
+                    let end = end.as_primitive::<TimestampMicrosecondType>();
+                    let group = col(if query == "join" { "country" } else { "status" }, &text)?;
+                    let group = group.as_string::<i32>();
+                    let orders = col("orders", &int)?;
+                    let orders = orders.as_primitive::<Int64Type>();
+                    let revenue = if query == "revenue" {
+                        Some(col("revenue", &cents)?)
+                    } else {
+                        None
+                    };
+                    let revenue = revenue.as_ref().map(|r| r.as_primitive::<Decimal128Type>());
+                    for i in 0..batch.num_rows() {
+                        let mut row = format!(
+                            "{},{},{},{}",
+                            ts(start.value(i)),
+                            ts(end.value(i)),
+                            opt(group.is_valid(i), group.value(i).to_owned()),
+                            orders.value(i)
+                        );
+                        if let Some(r) = revenue {
+                            row.push(',');
+                            row.push_str(&opt(r.is_valid(i), r.value_as_string(i)));
+                        }
+                        rows.push(row);
+                    }
+                }
+                _ => {
+                    let (order, customer) = (col("order_id", &int)?, col("customer_id", &int)?);
+                    let (status, session) = (col("status", &text)?, col("session_id", &text)?);
+                    let (amount, at) = (col("amount", &cents)?, col("occurred_at", &micros)?);
+                    let order = order.as_primitive::<Int64Type>();
+                    let customer = customer.as_primitive::<Int64Type>();
+                    let (status, session) = (status.as_string::<i32>(), session.as_string::<i32>());
+                    let amount = amount.as_primitive::<Decimal128Type>();
+                    let at = at.as_primitive::<TimestampMicrosecondType>();
+                    for i in 0..batch.num_rows() {
+                        // A fixed-key SipHash: the same on every run and machine.
+                        let mut h = std::hash::DefaultHasher::new();
+                        order.is_valid(i).then(|| order.value(i)).hash(&mut h);
+                        customer.is_valid(i).then(|| customer.value(i)).hash(&mut h);
+                        status.is_valid(i).then(|| status.value(i)).hash(&mut h);
+                        amount.is_valid(i).then(|| amount.value(i)).hash(&mut h);
+                        at.is_valid(i).then(|| at.value(i)).hash(&mut h);
+                        session.is_valid(i).then(|| session.value(i)).hash(&mut h);
+                        digest = digest.wrapping_add(h.finish());
+                    }
+                }
             }
         }
     }
-    if matches!(query, "revenue" | "join" | "attribution") {
+    if query == "dedup" {
+        Ok(vec![
+            format!("rows={count}"),
+            format!("digest={digest:016x}"),
+        ])
+    } else {
         rows.sort();
         Ok(rows)
-    } else {
-        Ok(vec![format!("rows={count}")])
     }
 }
 
@@ -696,7 +752,11 @@ fn spark_run(
         state_bytes,
         state_rows_max: t["state_rows_max"].as_u64().unwrap_or(0),
         output_rows: t["sink_output_rows_sum"].as_u64().unwrap_or(0),
-        result: Vec::new(),
+        // Read here, after Spark's process is measured: its own read-back would be its CPU.
+        result: match query {
+            "attribution" => Vec::new(),
+            _ => sink_result(&spark_work.join("out"), query)?,
+        },
     })
 }
 
