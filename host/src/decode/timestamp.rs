@@ -273,6 +273,35 @@ mod tests {
         }
     }
 
+    /// Every byte of every position of a clock changed to every value: `clock` accepts exactly
+    /// the digits and colons of `HH:MM:SS` in range, with their value.
+    #[test]
+    fn a_clock_is_read_as_one_word_exactly() {
+        assert_eq!(clock(b"23:59:59", 0), Some(86_399));
+        assert_eq!(clock(b"x00:00:00", 1), Some(0));
+        for base in [*b"23:59:59", *b"00:00:00", *b"19:09:10"] {
+            for at in 0..8 {
+                for byte in 0..=255u8 {
+                    let mut s = base;
+                    s[at] = byte;
+                    let field = |i: usize| {
+                        let (a, b) = (s[i].wrapping_sub(b'0'), s[i + 1].wrapping_sub(b'0'));
+                        (a < 10 && b < 10).then(|| u32::from(a) * 10 + u32::from(b))
+                    };
+                    let want = match (field(0), field(3), field(6)) {
+                        (Some(h), Some(m), Some(sec))
+                            if s[2] == b':' && s[5] == b':' && h <= 23 && m <= 59 && sec <= 59 =>
+                        {
+                            Some(h * 3600 + m * 60 + sec)
+                        }
+                        _ => None,
+                    };
+                    assert_eq!(clock(&s, 0), want, "{}", String::from_utf8_lossy(&s));
+                }
+            }
+        }
+    }
+
     /// The one-step path for `YYYY-MM-DDTHH:MM:SS.fffZ` answers as the field-by-field one on
     /// that shape with any byte changed: every digit, separator and range check holds.
     #[test]

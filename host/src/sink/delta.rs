@@ -409,7 +409,9 @@ impl DeltaSink {
         // deltalake's defaults (snappy), plus a dictionary only where it pays and integers
         // and strings without one as deltas (`encoding`).
         let properties = super::encoding::column_encodings(
-            WriterProperties::builder().set_compression(Compression::SNAPPY),
+            WriterProperties::builder()
+                .set_compression(Compression::SNAPPY)
+                .set_write_batch_size(super::encoding::WRITE_BATCH_VALUES),
             schema,
             batches,
         );

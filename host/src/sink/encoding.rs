@@ -47,6 +47,11 @@ use parquet::file::properties::WriterPropertiesBuilder;
 use parquet::schema::types::ColumnPath;
 use std::hash::BuildHasher;
 
+/// Values the Parquet writer takes per step in both sinks (its default is 1,024): each step
+/// computes levels, statistics and whether the page is full, a fixed cost that was measurable
+/// per row (BENCHMARKS §13.3).
+pub(super) const WRITE_BATCH_VALUES: usize = 8192;
+
 /// Rows sampled per column.
 const SAMPLE_ROWS: usize = 512;
 

@@ -41,9 +41,6 @@ use crate::threads::Threads;
 const PARQUET_ROW_GROUP_ROWS: usize = 1_000_000;
 /// Size of the write buffer of the text formats.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
-/// Values the Parquet writer takes per step (its default is 1,024): each step computes levels,
-/// statistics and whether the page is full, a fixed cost per step that was measurable per row.
-const WRITE_BATCH_VALUES: usize = 8192;
 
 /// The files a [`FilesWriter`] writes: JSON lines (keys in schema order, nulls omitted), CSV
 /// with a header line (RFC 4180 quoting, `\n` line ends, null as an empty field) or Parquet
@@ -391,7 +388,7 @@ fn write_parquet(
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(row_group_rows))
-        .set_write_batch_size(WRITE_BATCH_VALUES);
+        .set_write_batch_size(super::encoding::WRITE_BATCH_VALUES);
     // A dictionary only where it pays, as Spark's writer decides, and integers and strings
     // without one as deltas (see `encoding`).
     let props = super::encoding::column_encodings(props, schema, batches).build();
