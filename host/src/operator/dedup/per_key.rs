@@ -113,6 +113,13 @@ impl DedupOperator {
                 }
             }
         }
+        if firsts.is_empty() {
+            // Every row late or empty input: no store is asked.
+            return Ok(input
+                .iter()
+                .map(|batch| BooleanBuffer::new_unset(batch.num_rows()))
+                .collect());
+        }
         // The first occurrences grouped by partition, each group in row order (a
         // counting sort: no key is compared here).
         let parts = self.state.partitions();
@@ -129,13 +136,6 @@ impl DedupOperator {
         for &(row, p) in &firsts {
             scratch.candidates[next[p as usize]] = row;
             next[p as usize] += 1;
-        }
-        if firsts.is_empty() {
-            // Every row late or empty input: no store is asked.
-            return Ok(input
-                .iter()
-                .map(|batch| BooleanBuffer::new_unset(batch.num_rows()))
-                .collect());
         }
         drop(firsts);
 
