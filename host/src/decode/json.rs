@@ -63,19 +63,6 @@ fn string_stop(s: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// `10^n` for `n` digits of a run (0..=8).
-const POW10_U64: [u64; 9] = [
-    1,
-    10,
-    100,
-    1_000,
-    10_000,
-    100_000,
-    1_000_000,
-    10_000_000,
-    100_000_000,
-];
-
 /// The end of the run of ASCII digits at `i`, with `m` extended by them (wrapping: the
 /// caller counts the digits and trusts `m` only up to 19 of them). Eight bytes at a time:
 /// a digit loop was a tenth of the scanner's time on the orders' ids and amounts.
@@ -96,7 +83,7 @@ fn digit_run(s: &[u8], mut i: usize, m: &mut u64) -> usize {
             let v = (v & 0x0f0f_0f0f_0f0f_0f0f).wrapping_mul((10 << 8) + 1) >> 8;
             let v = (v & 0x00ff_00ff_00ff_00ff).wrapping_mul((100 << 16) + 1) >> 16;
             let v = (v & 0x0000_ffff_0000_ffff).wrapping_mul((10_000 << 32) + 1) >> 32;
-            *m = m.wrapping_mul(POW10_U64[n]).wrapping_add(v);
+            *m = m.wrapping_mul(cells::POW10_U64[n]).wrapping_add(v);
             i += n;
         }
         if n < 8 {
@@ -192,9 +179,15 @@ struct Scanner<'a> {
 }
 
 impl Scanner<'_> {
-    #[inline]
+    /// Skips whitespace within a line: a newline ends the record (see [`scan_record`]), and
+    /// a line never holds one.
+    #[inline(always)]
     fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.i) {
+        // Compact JSON has none: one comparison says so.
+        if self.s.get(self.i).is_none_or(|&b| b > b' ') {
+            return;
+        }
+        while let Some(b' ' | b'\t' | b'\r') = self.s.get(self.i) {
             self.i += 1;
         }
     }
@@ -477,22 +470,44 @@ fn hex4(raw: &[u8], at: usize) -> u32 {
 /// Parses one line into the current row of `row.out`. `Err` is a syntax error (the whole line
 /// is malformed; the row's partial writes are the caller's to discard); conversion failures of
 /// single fields are recorded in `row` and parsing goes on.
+#[inline(never)]
 pub(super) fn parse_line(
     fields: &[FieldSpec],
     row: &mut RowState,
     line: &[u8],
     utf8_ok: bool,
 ) -> Result<(), String> {
-    scan_line(fields, row, line, utf8_ok).map_err(|e| e.to_string())
+    scan_line(fields, row, line, utf8_ok)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
+/// Parses the record at the start of `rest` (the rest of a part, not yet cut into lines) into
+/// the current row, as [`parse_line`] would parse its line, and returns where the scan ended:
+/// at a newline, or at `rest.len()`. Whitespace never crosses a newline and strings refuse
+/// one, so the scan never passes the line's end, and the line's own pass to find its newline
+/// is saved. The caller may have cut `rest` short, so only a newline or the end of the whole
+/// input at that index ends the line. `None` on a syntax error: the caller takes the row back
+/// and parses the line with [`parse_line`], which reports it.
 #[inline]
+pub(super) fn scan_record(
+    fields: &[FieldSpec],
+    row: &mut RowState,
+    rest: &[u8],
+    utf8_ok: bool,
+) -> Option<usize> {
+    scan_line(fields, row, rest, utf8_ok).ok()
+}
+
+/// Scans one record from the start of `line` up to the end of `line` or its first newline,
+/// whichever comes first, and returns that end.
+#[inline(always)]
 fn scan_line(
     fields: &[FieldSpec],
     row: &mut RowState,
     line: &[u8],
     utf8_ok: bool,
-) -> Result<(), Syntax> {
+) -> Result<usize, Syntax> {
     let mut p = Scanner { s: line, i: 0 };
     p.ws();
     if p.peek() != Some(b'{') {
@@ -545,10 +560,10 @@ fn scan_line(
         }
     }
     p.ws();
-    if p.i != line.len() {
-        return Err(p.err("unexpected characters after the object"));
+    match p.peek() {
+        None | Some(b'\n') => Ok(p.i),
+        Some(_) => Err(p.err("unexpected characters after the object")),
     }
-    Ok(())
 }
 
 /// Whether `line[at..]` is `"name"` (a quote at `at`, checked by the caller).
@@ -588,7 +603,7 @@ fn lookup(
 
 /// Converts one token for field `f` into its column, recording a field error (and writing a
 /// null) on failure.
-#[inline]
+#[inline(always)]
 fn stage(spec: &FieldSpec, f: usize, v: Value, line: &[u8], row: &mut RowState, utf8_ok: bool) {
     let raw = &line[v.start..v.end];
     let slot = match (&spec.kind, v.tok) {
@@ -609,6 +624,13 @@ fn stage(spec: &FieldSpec, f: usize, v: Value, line: &[u8], row: &mut RowState, 
             }
             row.out.put(f, Slot::Null);
             return row.field_error(spec, format_args!("invalid UTF-8"));
+        }
+        // What `convert_text` does for a timestamp, without its dispatch: event times are in
+        // most records.
+        (Kind::Timestamp { unit, .. }, Tok::Str { escaped: false }) => {
+            super::timestamp::parse_timestamp(raw, &mut row.dates)
+                .and_then(|(secs, nanos)| super::timestamp::to_unit(secs, nanos, *unit))
+                .map(Slot::I64)
         }
         (kind, Tok::Str { escaped: false }) => cells::convert_text(kind, raw, true, &mut row.dates),
         (kind, Tok::Str { escaped: true }) => {

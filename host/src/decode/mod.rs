@@ -69,6 +69,9 @@ pub const CORRUPT_RECORD_COLUMN: &str = "_corrupt_record";
 /// offsets of a batch (i32) from overflowing: a corrupt record can triple in size when invalid
 /// UTF-8 is replaced by U+FFFD.
 const MAX_LINE_BYTES: usize = 256 << 20;
+/// The longest line the JSON scan parses to its newline in one pass (see `decode_lines`);
+/// longer ones are cut into lines first, so a row taken back never held more than this.
+const ONE_PASS_BYTES: usize = 64 << 10;
 /// A batch is cut early once its lines add up to this many bytes.
 const MAX_BATCH_BYTES: usize = 256 << 20;
 /// A batch is cut at the first line at or after each multiple of this many bytes of a file,
@@ -306,6 +309,9 @@ pub struct Decoder {
     row: RowState,
     /// Line bytes in the batch being built.
     batch_bytes: usize,
+    /// Decode every line by the line path, never in one pass (tests compare the two).
+    #[cfg(test)]
+    pub(crate) line_by_line: bool,
 }
 
 /// A part of a file that a decoder can decode on its own: it starts where a batch starts
@@ -377,11 +383,17 @@ impl Decoder {
     /// A decoder of the same schema and options with buffers of its own, to decode other
     /// files on another thread.
     pub fn fork(&self) -> Self {
-        Self::with_fields(
+        #[allow(unused_mut)]
+        let mut fork = Self::with_fields(
             Arc::clone(&self.output_schema),
             self.options.clone(),
             self.fields.clone(),
-        )
+        );
+        #[cfg(test)]
+        {
+            fork.line_by_line = self.line_by_line;
+        }
+        fork
     }
 
     fn with_fields(
@@ -408,6 +420,8 @@ impl Decoder {
             corrupt_nulls: 0,
             row,
             batch_bytes: 0,
+            #[cfg(test)]
+            line_by_line: false,
         }
     }
 
@@ -565,10 +579,46 @@ impl Decoder {
         let mut line_no = 0u64;
         // The next cut by position, in the file's bytes.
         let mut next_cut = (part.range.start / PART_BYTES + 1) * PART_BYTES;
+        #[cfg(test)]
+        let line_by_line = self.line_by_line;
+        #[cfg(not(test))]
+        let line_by_line = false;
+        let json_in_one_pass =
+            file_utf8 && self.options.format == Format::JsonLines && !line_by_line;
         while pos < input.len() {
             if part.range.start + pos >= next_cut {
                 self.flush(origin, out)?;
                 next_cut = ((part.range.start + pos) / PART_BYTES + 1) * PART_BYTES;
+            }
+            // The usual line, a well-formed JSON object, is parsed to its newline in one pass,
+            // without a search for the newline first. Any other outcome (a syntax or field
+            // error, a line longer than `ONE_PASS_BYTES` or past the batch's bytes) takes the
+            // row back and decodes the line below, as if this had not been tried.
+            if json_in_one_pass && input[pos] == b'{' && !skip_header {
+                self.row.reset();
+                let rest = &input[pos..input.len().min(pos + ONE_PASS_BYTES)];
+                let scanned = json::scan_record(&self.fields, &mut self.row, rest, true);
+                if let Some(len) = scanned
+                    && (pos + len == input.len() || input[pos + len] == b'\n')
+                    && self.row.error.is_none()
+                {
+                    let line = match &rest[..len] {
+                        [line @ .., b'\r'] => line,
+                        line => line,
+                    };
+                    if line.len() <= MAX_LINE_BYTES
+                        && self.batch_bytes + line.len() <= MAX_BATCH_BYTES
+                    {
+                        pos += len + 1;
+                        line_no += 1;
+                        out.num_input_rows += 1;
+                        self.batch_bytes += line.len();
+                        self.commit(line, false, true);
+                        self.end_row(origin, out)?;
+                        continue;
+                    }
+                }
+                self.row.out.discard_row();
             }
             let end = find_newline(&input[pos..]).map_or(input.len(), |k| pos + k);
             let mut line = &input[pos..end];

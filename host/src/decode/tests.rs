@@ -1072,3 +1072,85 @@ fn lines_end_at_line_breaks_with_their_numbers_and_text() {
     assert_eq!(corrupt[7], None);
     assert_eq!(strs(b, "s")[6].as_deref(), Some("z"));
 }
+
+/// A JSON line is parsed to its newline in one pass; whatever that pass cannot settle (a line
+/// that is malformed, split by a raw line break, or ends in stray bytes) is decoded line by
+/// line. Both give what decoding every line by the line path gives, under every policy that
+/// keeps going (the fuzz test compares `Fail` too), and the lines end where expected.
+#[test]
+fn json_lines_parsed_in_one_pass_end_where_the_line_path_ends_them() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    // A line longer than the one-pass scan takes, cut into lines first.
+    let long = format!("{{\"a\":10,\"s\":\"{}\"}}\n", "x".repeat(ONE_PASS_BYTES));
+    let input = [
+        "{\"a\":1,\"s\":\"x\"}\r\r\n",
+        "{\"a\":2} \t\r\n",
+        "{\"a\":3}x\n",
+        "{\"a\":4,\"s\":\"x\ny\"}\n",
+        "{\"a\":5,\n\"s\":\"z\"}\n",
+        "{\"a\":{\"b\":[1,\n2]}}\n",
+        "{}\n",
+        "  {\"a\":6}\n",
+        "{\"a\":\"seven\"}\n",
+        "{\"a\":8}\n\n",
+        &long,
+        "{\"a\":9}\r",
+    ]
+    .concat();
+    for policy in [
+        MalformedPolicy::Permissive,
+        MalformedPolicy::Drop,
+        MalformedPolicy::DeadLetter,
+    ] {
+        let mut decoded = Vec::new();
+        for line_by_line in [false, true] {
+            let mut d =
+                Decoder::new(Arc::clone(&schema), options(Format::JsonLines, policy)).unwrap();
+            d.line_by_line = line_by_line;
+            let mut out = Decoded::default();
+            d.decode(input.as_bytes(), "in/f.json", &mut out).unwrap();
+            decoded.push(out);
+        }
+        let (one_pass, by_line) = (&decoded[0], &decoded[1]);
+        assert_eq!(one_pass.batches, by_line.batches, "{policy:?}");
+        assert_eq!(one_pass.malformed, by_line.malformed, "{policy:?}");
+        assert_eq!(
+            (one_pass.num_input_rows, one_pass.num_malformed),
+            (by_line.num_input_rows, by_line.num_malformed)
+        );
+        // 15 non-blank lines: `{"a":4,"s":"x` / `y"}`, `{"a":5,` / `"s":"z"}` and
+        // `{"a":{"b":[1,` / `2]}}` are two malformed lines each, `{"a":3}x` and
+        // `{"a":"seven"}` one each.
+        assert_eq!((one_pass.num_input_rows, one_pass.num_malformed), (15, 8));
+        let kept: Vec<_> = one_pass.batches.iter().flat_map(|b| i64s(b, "a")).collect();
+        match policy {
+            MalformedPolicy::Permissive => assert_eq!(kept.len(), 15),
+            _ => assert_eq!(
+                kept,
+                [Some(1), Some(2), None, Some(6), Some(8), Some(10), Some(9)],
+                "{policy:?}"
+            ),
+        }
+        let longest = one_pass
+            .batches
+            .iter()
+            .flat_map(|b| strs(b, "s"))
+            .flatten()
+            .map(|s| s.len())
+            .max();
+        assert_eq!(longest, Some(ONE_PASS_BYTES));
+        if policy == MalformedPolicy::DeadLetter {
+            let lines: Vec<_> = one_pass.malformed.iter().map(|m| m.line).collect();
+            assert_eq!(lines, [3, 4, 5, 6, 7, 8, 9, 12]);
+            assert!(
+                one_pass.malformed[0].error.contains("column 8"),
+                "{:?}",
+                one_pass.malformed[0]
+            );
+            assert_eq!(one_pass.malformed[0].raw, "{\"a\":3}x");
+        }
+    }
+}
