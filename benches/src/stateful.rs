@@ -616,7 +616,7 @@ pub(crate) fn sink_result(out: &Path, query: &str) -> Result<Vec<String>> {
                         rows.push(row);
                     }
                 }
-                _ => {
+                "dedup" => {
                     let (order, customer) = (col("order_id", &int)?, col("customer_id", &int)?);
                     let (status, session) = (col("status", &text)?, col("session_id", &text)?);
                     let (amount, at) = (col("amount", &cents)?, col("occurred_at", &micros)?);
@@ -626,7 +626,8 @@ pub(crate) fn sink_result(out: &Path, query: &str) -> Result<Vec<String>> {
                     let amount = amount.as_primitive::<Decimal128Type>();
                     let at = at.as_primitive::<TimestampMicrosecondType>();
                     for i in 0..batch.num_rows() {
-                        // A fixed-key SipHash: the same on every run and machine.
+                        // A fixed-key SipHash: the same for both engines' folders and on
+                        // every run of this build.
                         let mut h = std::hash::DefaultHasher::new();
                         order.is_valid(i).then(|| order.value(i)).hash(&mut h);
                         customer.is_valid(i).then(|| customer.value(i)).hash(&mut h);
@@ -637,6 +638,7 @@ pub(crate) fn sink_result(out: &Path, query: &str) -> Result<Vec<String>> {
                         digest = digest.wrapping_add(h.finish());
                     }
                 }
+                other => bail!("no result to compare for query {other}"),
             }
         }
     }

@@ -487,16 +487,12 @@ pub(super) fn parse_line(
 /// at a newline, or at `rest.len()`. Whitespace never crosses a newline and strings refuse
 /// one, so the scan never passes the line's end, and the line's own pass to find its newline
 /// is saved. The caller may have cut `rest` short, so only a newline or the end of the whole
-/// input at that index ends the line. `None` on a syntax error: the caller takes the row back
-/// and parses the line with [`parse_line`], which reports it.
+/// input at that index ends the line. `rest` is valid UTF-8 (the caller checked its part).
+/// `None` on a syntax error: the caller takes the row back and parses the line with
+/// [`parse_line`], which reports it.
 #[inline]
-pub(super) fn scan_record(
-    fields: &[FieldSpec],
-    row: &mut RowState,
-    rest: &[u8],
-    utf8_ok: bool,
-) -> Option<usize> {
-    scan_line(fields, row, rest, utf8_ok).ok()
+pub(super) fn scan_record(fields: &[FieldSpec], row: &mut RowState, rest: &[u8]) -> Option<usize> {
+    scan_line(fields, row, rest, true).ok()
 }
 
 /// Scans one record from the start of `line` up to the end of `line` or its first newline,
@@ -628,9 +624,7 @@ fn stage(spec: &FieldSpec, f: usize, v: Value, line: &[u8], row: &mut RowState, 
         // What `convert_text` does for a timestamp, without its dispatch: event times are in
         // most records.
         (Kind::Timestamp { unit, .. }, Tok::Str { escaped: false }) => {
-            super::timestamp::parse_timestamp(raw, &mut row.dates)
-                .and_then(|(secs, nanos)| super::timestamp::to_unit(secs, nanos, *unit))
-                .map(Slot::I64)
+            super::timestamp::parse_timestamp_in(raw, *unit, &mut row.dates).map(Slot::I64)
         }
         (kind, Tok::Str { escaped: false }) => cells::convert_text(kind, raw, true, &mut row.dates),
         (kind, Tok::Str { escaped: true }) => {

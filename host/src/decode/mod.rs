@@ -72,6 +72,8 @@ const MAX_LINE_BYTES: usize = 256 << 20;
 /// The longest line the JSON scan parses to its newline in one pass (see `decode_lines`);
 /// longer ones are cut into lines first, so a row taken back never held more than this.
 const ONE_PASS_BYTES: usize = 64 << 10;
+// A line the one-pass scan ends is never too long.
+const _: () = assert!(ONE_PASS_BYTES <= MAX_LINE_BYTES);
 /// A batch is cut early once its lines add up to this many bytes.
 const MAX_BATCH_BYTES: usize = 256 << 20;
 /// A batch is cut at the first line at or after each multiple of this many bytes of a file,
@@ -383,17 +385,15 @@ impl Decoder {
     /// A decoder of the same schema and options with buffers of its own, to decode other
     /// files on another thread.
     pub fn fork(&self) -> Self {
-        #[allow(unused_mut)]
-        let mut fork = Self::with_fields(
-            Arc::clone(&self.output_schema),
-            self.options.clone(),
-            self.fields.clone(),
-        );
-        #[cfg(test)]
-        {
-            fork.line_by_line = self.line_by_line;
+        Self {
+            #[cfg(test)]
+            line_by_line: self.line_by_line,
+            ..Self::with_fields(
+                Arc::clone(&self.output_schema),
+                self.options.clone(),
+                self.fields.clone(),
+            )
         }
-        fork
     }
 
     fn with_fields(
@@ -597,7 +597,7 @@ impl Decoder {
             if json_in_one_pass && input[pos] == b'{' && !skip_header {
                 self.row.reset();
                 let rest = &input[pos..input.len().min(pos + ONE_PASS_BYTES)];
-                let scanned = json::scan_record(&self.fields, &mut self.row, rest, true);
+                let scanned = json::scan_record(&self.fields, &mut self.row, rest);
                 if let Some(len) = scanned
                     && (pos + len == input.len() || input[pos + len] == b'\n')
                     && self.row.error.is_none()
@@ -606,9 +606,7 @@ impl Decoder {
                         [line @ .., b'\r'] => line,
                         line => line,
                     };
-                    if line.len() <= MAX_LINE_BYTES
-                        && self.batch_bytes + line.len() <= MAX_BATCH_BYTES
-                    {
+                    if self.batch_bytes + line.len() <= MAX_BATCH_BYTES {
                         pos += len + 1;
                         line_no += 1;
                         out.num_input_rows += 1;
