@@ -651,7 +651,10 @@ pub(super) fn convert_text(
         Kind::F64 if json => Slot::F64(parse_json_f64_string(s)?),
         Kind::F64 => Slot::F64(parse_f64(s)?),
         Kind::Decimal { precision, scale } => Slot::I128(parse_decimal(s, *precision, *scale)?),
-        Kind::Timestamp { unit, .. } => Slot::I64(timestamp::parse_timestamp_in(s, *unit, dates)?),
+        Kind::Timestamp { unit, .. } => {
+            let (secs, nanos) = timestamp::parse_timestamp(s, dates)?;
+            Slot::I64(timestamp::to_unit(secs, nanos, *unit)?)
+        }
         Kind::Date32 => Slot::I32(timestamp::parse_date(s, dates)?),
         Kind::Bool | Kind::I32 | Kind::I64 | Kind::Utf8 => return None,
     })

@@ -622,9 +622,12 @@ fn stage(spec: &FieldSpec, f: usize, v: Value, line: &[u8], row: &mut RowState, 
             return row.field_error(spec, format_args!("invalid UTF-8"));
         }
         // What `convert_text` does for a timestamp, without its dispatch: event times are in
-        // most records.
+        // most records. Spelled out here: the same two calls behind one shared helper measured
+        // 1-2 % more CPU on files -> JSON -> Parquet (15 interleaved pairs).
         (Kind::Timestamp { unit, .. }, Tok::Str { escaped: false }) => {
-            super::timestamp::parse_timestamp_in(raw, *unit, &mut row.dates).map(Slot::I64)
+            super::timestamp::parse_timestamp(raw, &mut row.dates)
+                .and_then(|(secs, nanos)| super::timestamp::to_unit(secs, nanos, *unit))
+                .map(Slot::I64)
         }
         (kind, Tok::Str { escaped: false }) => cells::convert_text(kind, raw, true, &mut row.dates),
         (kind, Tok::Str { escaped: true }) => {

@@ -210,14 +210,6 @@ fn parse_any_timestamp(s: &[u8], cache: &mut DateCache) -> Option<(i64, u32)> {
     Some((secs - offset, nanos))
 }
 
-/// Parses an ISO-8601 timestamp into a count of `unit`s since the epoch (UTC), `None` when it
-/// is not one or overflows: what a timestamp column holds.
-#[inline]
-pub(super) fn parse_timestamp_in(s: &[u8], unit: TimeUnit, cache: &mut DateCache) -> Option<i64> {
-    let (secs, nanos) = parse_timestamp(s, cache)?;
-    to_unit(secs, nanos, unit)
-}
-
 /// Converts seconds + nanoseconds into a count of `unit`s, `None` on overflow.
 ///
 /// Each unit divides by its own constant (a multiply), not by a divisor chosen at run time:
