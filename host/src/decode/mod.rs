@@ -328,6 +328,44 @@ pub struct Part {
     pub header: bool,
 }
 
+/// Where the decoding of a file stands between two calls of the line loop: the bytes and
+/// lines before the next line, the next cut by position, and whether a CSV header is still
+/// to be skipped.
+#[derive(Debug, Clone)]
+struct Cursor {
+    /// Bytes of the file before the next line.
+    offset: usize,
+    /// Lines before the next line: of the file, or of the part (see [`Decoder::decode_part`]).
+    lines: u64,
+    /// The next cut by position, in the file's bytes.
+    next_cut: usize,
+    /// The next non-blank line is a CSV header.
+    skip_header: bool,
+}
+
+impl Cursor {
+    /// At `offset`, the start of a file or of a part (see [`Decoder::parts`]): a batch starts
+    /// there, so the next cut is the next multiple of [`PART_BYTES`] after it; lines are
+    /// counted from 0.
+    fn at(offset: usize, skip_header: bool) -> Self {
+        Self {
+            offset,
+            lines: 0,
+            next_cut: (offset / PART_BYTES + 1) * PART_BYTES,
+            skip_header,
+        }
+    }
+}
+
+/// A file being decoded a piece at a time ([`Decoder::decode_piece`]): where it stands, and
+/// what its pieces gave so far (handed over whole by [`Decoder::finish_pieces`], so that a
+/// file that fails adds nothing: a failed piece consumes it).
+#[derive(Debug)]
+pub struct Pieces {
+    cursor: Cursor,
+    decoded: Decoded,
+}
+
 impl Decoder {
     /// Creates a decoder for `schema`.
     ///
@@ -455,11 +493,74 @@ impl Decoder {
         origin: &str,
         out: &mut Decoded,
     ) -> Result<(), DecodeError> {
-        let whole = Part {
-            range: 0..input.len(),
-            header: self.csv_header(),
-        };
-        self.decode_part(input, &whole, origin, out)
+        let pieces = self.decode_piece(self.start_pieces(), input, origin)?;
+        self.finish_pieces(pieces, origin, out)
+    }
+
+    /// Starts decoding a file a piece at a time, as it is read: the pieces, in order, are the
+    /// file, and the batches, counts, line numbers and errors are those [`Decoder::decode`]
+    /// gives for the whole file. A piece that stays in the core's cache from the read to the
+    /// scanner costs less than the whole file in one buffer (see `source/files.rs`).
+    pub fn start_pieces(&self) -> Pieces {
+        Pieces {
+            cursor: Cursor::at(0, self.csv_header()),
+            decoded: Decoded::default(),
+        }
+    }
+
+    /// Decodes `piece`, the file's next bytes: whole lines, each ending in `\n`, except that
+    /// the file's last piece may end without one. Rows may stay buffered for the next piece.
+    ///
+    /// # Errors
+    /// As [`Decoder::decode`]; the file's rows so far are dropped with `pieces`, and the
+    /// decoder is ready for the next file.
+    pub fn decode_piece(
+        &mut self,
+        mut pieces: Pieces,
+        piece: &[u8],
+        origin: &str,
+    ) -> Result<Pieces, DecodeError> {
+        match self.decode_lines(piece, &mut pieces.cursor, origin, &mut pieces.decoded) {
+            Ok(()) => Ok(pieces),
+            Err(e) => {
+                self.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends a file decoded in pieces: its last rows are cut into a batch, and all it gave is
+    /// appended to `out`.
+    ///
+    /// # Errors
+    /// As [`Decoder::decode`] (`out` unchanged).
+    pub fn finish_pieces(
+        &mut self,
+        mut pieces: Pieces,
+        origin: &str,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
+        self.flush(origin, &mut pieces.decoded)
+            .inspect_err(|_| self.abandon())?;
+        out.append(pieces.decoded);
+        Ok(())
+    }
+
+    /// Drops a file decoded in pieces that will not be finished (its reading failed): the
+    /// rows it left buffered go with it.
+    pub fn cancel_pieces(&mut self, pieces: Pieces) {
+        drop(pieces);
+        self.abandon();
+    }
+
+    /// Drops the rows buffered of a file that failed, so that the next file starts clean.
+    fn abandon(&mut self) {
+        self.row.out.clear();
+        self.corrupt_nulls = 0;
+        if let Some(c) = &mut self.corrupt {
+            c.truncate(0);
+        }
+        self.batch_bytes = 0;
     }
 
     /// Whether each file starts with a CSV header line.
@@ -531,7 +632,11 @@ impl Decoder {
         // Line numbers are counted from the part's start, and moved by the lines before it
         // only when some are reported (counting them costs a pass over those bytes).
         let lines_before = || count_lines(&input[..part.range.start]);
-        match self.decode_lines(input, part, origin, &mut local) {
+        let mut cursor = Cursor::at(part.range.start, part.header);
+        let decoded = self
+            .decode_lines(&input[part.range.clone()], &mut cursor, origin, &mut local)
+            .and_then(|()| self.flush(origin, &mut local));
+        match decoded {
             Ok(()) => {
                 if part.range.start > 0 && !local.malformed.is_empty() {
                     let before = lines_before();
@@ -543,13 +648,7 @@ impl Decoder {
                 Ok(())
             }
             Err(mut e) => {
-                // Drop the partial batch so that the next file starts clean.
-                self.row.out.clear();
-                self.corrupt_nulls = 0;
-                if let Some(c) = &mut self.corrupt {
-                    c.truncate(0);
-                }
-                self.batch_bytes = 0;
+                self.abandon();
                 if let DecodeError::Malformed { line, .. } | DecodeError::LineTooLong { line, .. } =
                     &mut e
                     && part.range.start > 0
@@ -561,24 +660,23 @@ impl Decoder {
         }
     }
 
+    /// The line loop: decodes `input`, whole lines of a file at `cursor`, and moves the cursor
+    /// past them. The rows of the last lines stay buffered (the caller flushes).
     fn decode_lines(
         &mut self,
         input: &[u8],
-        part: &Part,
+        cursor: &mut Cursor,
         origin: &str,
         out: &mut Decoded,
     ) -> Result<(), DecodeError> {
-        let file = input;
-        let input = &file[part.range.clone()];
-        // One validation pass over the whole part; per-line checks only if it fails. (A part
+        // One validation pass over the whole input; per-line checks only if it fails. (It
         // starts at a line start, never inside a UTF-8 sequence.)
         let file_utf8 = input.is_ascii() || std::str::from_utf8(input).is_ok();
-        let mut skip_header = part.header;
+        let start = cursor.offset;
+        let mut skip_header = cursor.skip_header;
         let mut pos = 0;
-        // Lines from the part's start (`decode_part` adds those before it).
-        let mut line_no = 0u64;
-        // The next cut by position, in the file's bytes.
-        let mut next_cut = (part.range.start / PART_BYTES + 1) * PART_BYTES;
+        let mut line_no = cursor.lines;
+        let mut next_cut = cursor.next_cut;
         #[cfg(test)]
         let line_by_line = self.line_by_line;
         #[cfg(not(test))]
@@ -586,9 +684,9 @@ impl Decoder {
         let json_in_one_pass =
             file_utf8 && self.options.format == Format::JsonLines && !line_by_line;
         while pos < input.len() {
-            if part.range.start + pos >= next_cut {
+            if start + pos >= next_cut {
                 self.flush(origin, out)?;
-                next_cut = ((part.range.start + pos) / PART_BYTES + 1) * PART_BYTES;
+                next_cut = ((start + pos) / PART_BYTES + 1) * PART_BYTES;
             }
             // The usual line, a well-formed JSON object, is parsed to its newline in one pass,
             // without a search for the newline first. Any other outcome (a syntax or field
@@ -691,7 +789,12 @@ impl Decoder {
                 }),
             }
         }
-        self.flush(origin, out)
+        // (After an error the file is dropped, and its cursor with it.)
+        cursor.offset += input.len();
+        cursor.lines = line_no;
+        cursor.next_cut = next_cut;
+        cursor.skip_header = skip_header;
+        Ok(())
     }
 
     /// Completes the row being written (fields it lacks are null); `corrupt` puts the raw

@@ -789,6 +789,114 @@ fn mixed_file(lines: usize, csv: bool) -> String {
     text
 }
 
+/// Decodes `input` in the pieces that `cuts` (line starts, ascending) make of it.
+fn decode_in_pieces(
+    decoder: &mut Decoder,
+    input: &[u8],
+    cuts: &[usize],
+) -> (Decoded, Option<String>) {
+    let mut out = Decoded::default();
+    let mut pieces = decoder.start_pieces();
+    let mut from = 0;
+    for &cut in cuts.iter().chain([&input.len()]) {
+        pieces = match decoder.decode_piece(pieces, &input[from..cut], "f") {
+            Ok(pieces) => pieces,
+            Err(e) => return (out, Some(e.to_string())),
+        };
+        from = cut;
+    }
+    let err = decoder.finish_pieces(pieces, "f", &mut out).err();
+    (out, err.map(|e| e.to_string()))
+}
+
+/// However a file is cut into pieces of whole lines as it is read, its batches, counts, line
+/// numbers and errors are those of the whole file: across a piece's end go the rows not yet
+/// cut into a batch, the line count, the next cut by position (a piece may start with the
+/// line at a megabyte, where the whole file cuts a batch) and a CSV header still to skip.
+#[test]
+fn a_file_decoded_in_pieces_gives_the_batches_of_the_whole_file() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    for csv in [false, true] {
+        let text = mixed_file(160_000, csv);
+        let input = text.as_bytes();
+        let starts: Vec<usize> = std::iter::once(0)
+            .chain(memchr::memchr_iter(b'\n', input).map(|k| k + 1))
+            .filter(|&k| k < input.len())
+            .collect();
+        // The first line at or after each megabyte, and the one before it.
+        let at_cuts: Vec<usize> = (1..=input.len() / PART_BYTES)
+            .flat_map(|m| {
+                let i = starts.partition_point(|&k| k < m * PART_BYTES);
+                [starts[i - 1], starts[i]]
+            })
+            .collect();
+        let cut_sets: Vec<Vec<usize>> = vec![
+            // One line a piece at the start (the CSV header after two blank lines), then
+            // pieces of 1 to 997 lines.
+            {
+                let mut cuts = vec![starts[1], starts[2], starts[3]];
+                let mut i = 3;
+                for n in [1, 2, 3, 50, 997].into_iter().cycle() {
+                    i += n;
+                    let Some(&k) = starts.get(i) else { break };
+                    cuts.push(k);
+                }
+                cuts
+            },
+            // A piece starts at each megabyte's first line.
+            at_cuts.iter().copied().skip(1).step_by(2).collect(),
+            // And at the line before it.
+            at_cuts.iter().copied().step_by(2).collect(),
+        ];
+        for policy in [
+            MalformedPolicy::Permissive,
+            MalformedPolicy::Drop,
+            MalformedPolicy::DeadLetter,
+            MalformedPolicy::Fail,
+        ] {
+            let format = if csv {
+                Format::Csv(CsvOptions::default())
+            } else {
+                Format::JsonLines
+            };
+            let opts = DecoderOptions {
+                format,
+                policy,
+                batch_size: 700,
+            };
+            let mut decoder = Decoder::new(Arc::clone(&schema), opts).unwrap();
+            let mut whole = Decoded::default();
+            let whole_err = decoder
+                .decode(input, "f", &mut whole)
+                .err()
+                .map(|e| e.to_string());
+            for (set, cuts) in cut_sets.iter().enumerate() {
+                let what = format!("csv {csv}, {policy:?}, cuts {set}");
+                let (got, err) = decode_in_pieces(&mut decoder, input, cuts);
+                assert_eq!(err, whole_err, "{what}");
+                let sizes =
+                    |d: &Decoded| d.batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+                assert_eq!(sizes(&got), sizes(&whole), "{what}");
+                assert_eq!(got.batches, whole.batches, "{what}");
+                assert_eq!(got.num_input_rows, whole.num_input_rows, "{what}");
+                assert_eq!(got.num_malformed, whole.num_malformed, "{what}");
+                assert_eq!(got.malformed, whole.malformed, "{what}");
+            }
+            if policy == MalformedPolicy::DeadLetter {
+                // Line numbers of the file, whatever the pieces: the last of the 1,650
+                // malformed records is record 159,958 (every 97th from the 5th, counted from
+                // 0), after 3,018 blank lines (and two blank lines and a header in CSV).
+                assert_eq!(whole.malformed.len(), 1_650);
+                let line = whole.malformed.last().unwrap().line;
+                assert_eq!(line, if csv { 162_980 } else { 162_977 });
+            }
+        }
+    }
+}
+
 #[test]
 fn a_file_decoded_in_parts_gives_the_batches_of_the_whole_file() {
     let schema = Arc::new(Schema::new(vec![

@@ -11,9 +11,10 @@
 //! with valid Arrow data and decimals within their precision; and after any input, good or bad,
 //! the decoder decodes the next file correctly; and decoding every line by the line path (the
 //! newline searched first) gives exactly what the JSON scan to each newline gives, under every
-//! policy. Unmutated records round-trip exactly.
+//! policy, and so does decoding the input a few lines at a time, as a file is read. Unmutated
+//! records round-trip exactly.
 //!
-//! Budget: about 3 500 inputs, most decoded nine times, a few seconds.
+//! Budget: about 3 500 inputs, most decoded thirteen times, a few seconds.
 
 use std::sync::Arc;
 
@@ -417,6 +418,7 @@ fn check_policies(
         let mut out = Decoded::default();
         let result = decoder.decode(input, "fuzz.in", &mut out);
         check_line_by_line(input, format, policy, batch_size, &out, &result)?;
+        check_pieces(input, format, policy, batch_size, &out, &result)?;
         match (policy, result) {
             (MalformedPolicy::Fail, Err(e)) => {
                 prop_assert!(out.batches.is_empty() && out.num_input_rows == 0);
@@ -504,6 +506,43 @@ fn check_line_by_line(
     prop_assert_eq!(by_line.num_malformed, out.num_malformed);
     prop_assert_eq!(&by_line.malformed, &out.malformed);
     Ok(())
+}
+
+/// Decoding `input` a piece at a time, as a file is read (pieces of one to three lines, each
+/// ending at a newline), gives what `out` and `result` hold for the whole input.
+fn check_pieces(
+    input: &[u8],
+    format: &Format,
+    policy: MalformedPolicy,
+    batch_size: usize,
+    out: &Decoded,
+    result: &Result<(), DecodeError>,
+) -> Result<(), TestCaseError> {
+    let mut decoder = Decoder::new(schema(), options(format, policy, batch_size))
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let lines_a_piece = 1 + input.len() % 3;
+    let ends = memchr::memchr_iter(b'\n', input)
+        .skip(lines_a_piece - 1)
+        .step_by(lines_a_piece)
+        .map(|k| k + 1)
+        .chain([input.len()]);
+    let mut by_piece = Decoded::default();
+    let in_pieces = || {
+        let mut pieces = decoder.start_pieces();
+        let mut from = 0;
+        for end in ends {
+            pieces = decoder.decode_piece(pieces, &input[from..end], "fuzz.in")?;
+            from = end;
+        }
+        decoder.finish_pieces(pieces, "fuzz.in", &mut by_piece)
+    };
+    let piece_result = in_pieces();
+    prop_assert_eq!(format!("{piece_result:?}"), format!("{result:?}"));
+    prop_assert_eq!(&by_piece.batches, &out.batches, "{:?}", policy);
+    prop_assert_eq!(by_piece.num_input_rows, out.num_input_rows);
+    prop_assert_eq!(by_piece.num_malformed, out.num_malformed);
+    prop_assert_eq!(&by_piece.malformed, &out.malformed);
+    check_decoder_recovers(&mut decoder, format)
 }
 
 #[test]
