@@ -789,6 +789,39 @@ fn mixed_file(lines: usize, csv: bool) -> String {
     text
 }
 
+/// Every malformed-line policy.
+const ALL_POLICIES: [MalformedPolicy; 4] = [
+    MalformedPolicy::Permissive,
+    MalformedPolicy::Drop,
+    MalformedPolicy::DeadLetter,
+    MalformedPolicy::Fail,
+];
+
+/// The options of the tests of pieces and parts: JSON lines or CSV with a header, batches of
+/// 700 rows.
+fn lines_options(csv: bool, policy: MalformedPolicy) -> DecoderOptions {
+    let format = if csv {
+        Format::Csv(CsvOptions::default())
+    } else {
+        Format::JsonLines
+    };
+    DecoderOptions {
+        format,
+        policy,
+        batch_size: 700,
+    }
+}
+
+/// The same batches, cut at the same rows, and the same counts and dead letters.
+fn assert_same_decoding(got: &Decoded, expected: &Decoded, what: &str) {
+    let sizes = |d: &Decoded| d.batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+    assert_eq!(sizes(got), sizes(expected), "{what}");
+    assert_eq!(got.batches, expected.batches, "{what}");
+    assert_eq!(got.num_input_rows, expected.num_input_rows, "{what}");
+    assert_eq!(got.num_malformed, expected.num_malformed, "{what}");
+    assert_eq!(got.malformed, expected.malformed, "{what}");
+}
+
 /// Decodes `input` in the pieces that `cuts` (line starts, ascending) make of it.
 fn decode_in_pieces(
     decoder: &mut Decoder,
@@ -851,22 +884,8 @@ fn a_file_decoded_in_pieces_gives_the_batches_of_the_whole_file() {
             // And at the line before it.
             at_cuts.iter().copied().step_by(2).collect(),
         ];
-        for policy in [
-            MalformedPolicy::Permissive,
-            MalformedPolicy::Drop,
-            MalformedPolicy::DeadLetter,
-            MalformedPolicy::Fail,
-        ] {
-            let format = if csv {
-                Format::Csv(CsvOptions::default())
-            } else {
-                Format::JsonLines
-            };
-            let opts = DecoderOptions {
-                format,
-                policy,
-                batch_size: 700,
-            };
+        for policy in ALL_POLICIES {
+            let opts = lines_options(csv, policy);
             let mut decoder = Decoder::new(Arc::clone(&schema), opts).unwrap();
             let mut whole = Decoded::default();
             let whole_err = decoder
@@ -877,13 +896,7 @@ fn a_file_decoded_in_pieces_gives_the_batches_of_the_whole_file() {
                 let what = format!("csv {csv}, {policy:?}, cuts {set}");
                 let (got, err) = decode_in_pieces(&mut decoder, input, cuts);
                 assert_eq!(err, whole_err, "{what}");
-                let sizes =
-                    |d: &Decoded| d.batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
-                assert_eq!(sizes(&got), sizes(&whole), "{what}");
-                assert_eq!(got.batches, whole.batches, "{what}");
-                assert_eq!(got.num_input_rows, whole.num_input_rows, "{what}");
-                assert_eq!(got.num_malformed, whole.num_malformed, "{what}");
-                assert_eq!(got.malformed, whole.malformed, "{what}");
+                assert_same_decoding(&got, &whole, &what);
             }
             if policy == MalformedPolicy::DeadLetter {
                 // Line numbers of the file, whatever the pieces: the last of the 1,650
@@ -908,23 +921,9 @@ fn a_file_decoded_in_parts_gives_the_batches_of_the_whole_file() {
         let text = mixed_file(n, csv);
         let input = text.as_bytes();
         assert!(input.len() > 2 * PART_BYTES);
-        for policy in [
-            MalformedPolicy::Permissive,
-            MalformedPolicy::Drop,
-            MalformedPolicy::DeadLetter,
-            MalformedPolicy::Fail,
-        ] {
-            let format = if csv {
-                Format::Csv(CsvOptions::default())
-            } else {
-                Format::JsonLines
-            };
-            let opts = DecoderOptions {
-                format,
-                policy,
-                batch_size: 700,
-            };
-            let mut whole = Decoder::new(Arc::clone(&schema), opts.clone()).unwrap();
+        for policy in ALL_POLICIES {
+            let opts = lines_options(csv, policy);
+            let mut whole = Decoder::new(Arc::clone(&schema), opts).unwrap();
             let mut expected = Decoded::default();
             let expected_err = whole.decode(input, "f", &mut expected).err();
             {
@@ -953,14 +952,7 @@ fn a_file_decoded_in_parts_gives_the_batches_of_the_whole_file() {
                 if expected_err.is_some() {
                     continue;
                 }
-                // The same batches, cut at the same rows, and the same counts and letters.
-                let sizes =
-                    |d: &Decoded| d.batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
-                assert_eq!(sizes(&got), sizes(&expected), "{what}");
-                assert_eq!(got.batches, expected.batches, "{what}");
-                assert_eq!(got.num_input_rows, expected.num_input_rows, "{what}");
-                assert_eq!(got.num_malformed, expected.num_malformed, "{what}");
-                assert_eq!(got.malformed, expected.malformed, "{what}");
+                assert_same_decoding(&got, &expected, &what);
             }
             match policy {
                 MalformedPolicy::Fail => {

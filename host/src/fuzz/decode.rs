@@ -417,8 +417,7 @@ fn check_policies(
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut out = Decoded::default();
         let result = decoder.decode(input, "fuzz.in", &mut out);
-        check_line_by_line(input, format, policy, batch_size, &out, &result)?;
-        check_pieces(input, format, policy, batch_size, &out, &result)?;
+        check_other_paths(input, format, policy, batch_size, &out, &result)?;
         match (policy, result) {
             (MalformedPolicy::Fail, Err(e)) => {
                 prop_assert!(out.batches.is_empty() && out.num_input_rows == 0);
@@ -485,9 +484,11 @@ fn check_policies(
     Ok(dropped)
 }
 
-/// Decoding `input` line by line (a search for each newline, then the line parsed) gives what
-/// `out` and `result` hold: the JSON lines decoded in one pass to their newlines.
-fn check_line_by_line(
+/// Decoding `input` by the other paths gives what `out` and `result` hold: line by line (a
+/// search for each newline, then the line parsed) rather than each JSON line scanned in one
+/// pass to its newline; and a piece at a time, as a file is read (pieces of one to three
+/// lines, each ending at a newline).
+fn check_other_paths(
     input: &[u8],
     format: &Format,
     policy: MalformedPolicy,
@@ -495,31 +496,17 @@ fn check_line_by_line(
     out: &Decoded,
     result: &Result<(), DecodeError>,
 ) -> Result<(), TestCaseError> {
-    let mut decoder = Decoder::new(schema(), options(format, policy, batch_size))
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    decoder.line_by_line = true;
+    let decoder = || {
+        Decoder::new(schema(), options(format, policy, batch_size))
+            .map_err(|e| TestCaseError::fail(e.to_string()))
+    };
+    let mut by_line_decoder = decoder()?;
+    by_line_decoder.line_by_line = true;
     let mut by_line = Decoded::default();
-    let by_line_result = decoder.decode(input, "fuzz.in", &mut by_line);
-    prop_assert_eq!(format!("{by_line_result:?}"), format!("{result:?}"));
-    prop_assert_eq!(&by_line.batches, &out.batches, "{:?}", policy);
-    prop_assert_eq!(by_line.num_input_rows, out.num_input_rows);
-    prop_assert_eq!(by_line.num_malformed, out.num_malformed);
-    prop_assert_eq!(&by_line.malformed, &out.malformed);
-    Ok(())
-}
+    let by_line_result = by_line_decoder.decode(input, "fuzz.in", &mut by_line);
+    same_decoding((&by_line, &by_line_result), (out, result), policy)?;
 
-/// Decoding `input` a piece at a time, as a file is read (pieces of one to three lines, each
-/// ending at a newline), gives what `out` and `result` hold for the whole input.
-fn check_pieces(
-    input: &[u8],
-    format: &Format,
-    policy: MalformedPolicy,
-    batch_size: usize,
-    out: &Decoded,
-    result: &Result<(), DecodeError>,
-) -> Result<(), TestCaseError> {
-    let mut decoder = Decoder::new(schema(), options(format, policy, batch_size))
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut decoder = decoder()?;
     let lines_a_piece = 1 + input.len() % 3;
     let ends = memchr::memchr_iter(b'\n', input)
         .skip(lines_a_piece - 1)
@@ -537,12 +524,22 @@ fn check_pieces(
         decoder.finish_pieces(pieces, "fuzz.in", &mut by_piece)
     };
     let piece_result = in_pieces();
-    prop_assert_eq!(format!("{piece_result:?}"), format!("{result:?}"));
-    prop_assert_eq!(&by_piece.batches, &out.batches, "{:?}", policy);
-    prop_assert_eq!(by_piece.num_input_rows, out.num_input_rows);
-    prop_assert_eq!(by_piece.num_malformed, out.num_malformed);
-    prop_assert_eq!(&by_piece.malformed, &out.malformed);
+    same_decoding((&by_piece, &piece_result), (out, result), policy)?;
     check_decoder_recovers(&mut decoder, format)
+}
+
+/// Two decodings of one input gave the same error, batches, counts and malformed records.
+fn same_decoding(
+    (got, got_result): (&Decoded, &Result<(), DecodeError>),
+    (out, result): (&Decoded, &Result<(), DecodeError>),
+    policy: MalformedPolicy,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(format!("{got_result:?}"), format!("{result:?}"));
+    prop_assert_eq!(&got.batches, &out.batches, "{:?}", policy);
+    prop_assert_eq!(got.num_input_rows, out.num_input_rows);
+    prop_assert_eq!(got.num_malformed, out.num_malformed);
+    prop_assert_eq!(&got.malformed, &out.malformed);
+    Ok(())
 }
 
 #[test]
