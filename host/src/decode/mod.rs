@@ -331,7 +331,7 @@ pub struct Part {
 /// Where the decoding of a file stands between two calls of the line loop: the bytes and
 /// lines before the next line, the next cut by position, and whether a CSV header is still
 /// to be skipped.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Cursor {
     /// Bytes of the file before the next line.
     offset: usize,

@@ -1377,11 +1377,15 @@ fn open_prefix(path: &Path, size: u64) -> Result<std::io::Take<std::fs::File>, R
 /// Makes `buf` at least `len` bytes long (zeros added), or says that memory ran out.
 fn grow(buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
     if let Some(more) = len.checked_sub(buf.len()).filter(|&n| n > 0) {
-        buf.try_reserve(more)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))?;
+        buf.try_reserve(more).map_err(out_of_memory)?;
         buf.resize(len, 0);
     }
     Ok(())
+}
+
+/// A reservation the allocator refused, as the read error it is.
+fn out_of_memory(error: std::collections::TryReserveError) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::OutOfMemory, error)
 }
 
 /// Reads into `buf` until it is full or `reader` ends; how many bytes it read.
@@ -1405,7 +1409,7 @@ fn read_prefix(path: &Path, size: u64, buf: &mut Vec<u8>) -> Result<(), ReadErro
     buf.clear();
     let mut reader = open_prefix(path, size)?;
     buf.try_reserve(usize::try_from(size).unwrap_or(usize::MAX))
-        .map_err(|e| ReadError::Io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
+        .map_err(|e| ReadError::Io(out_of_memory(e)))?;
     reader.read_to_end(buf).map_err(ReadError::Io)?;
     if (buf.len() as u64) < size {
         return Err(ReadError::Short(buf.len() as u64));
@@ -1940,6 +1944,12 @@ mod tests {
         ] {
             let pieces = read_batch(texts.clone(), 1, policy);
             assert_eq!(read_batch(texts.clone(), 4, policy), pieces, "{policy:?}");
+            // The malformed line fails the batch under `fail` only.
+            assert_eq!(
+                pieces.is_err(),
+                policy == MalformedPolicy::Fail,
+                "{policy:?}"
+            );
             match pieces {
                 Ok((rows, _, input, malformed, letters)) => {
                     assert_eq!(input, 80_001 + r + 1);
@@ -1955,7 +1965,6 @@ mod tests {
                     }
                 }
                 Err(e) => {
-                    assert_eq!(policy, MalformedPolicy::Fail);
                     assert!(e.contains("IN/f0.json:3002:"), "{e}");
                 }
             }
