@@ -70,42 +70,128 @@ fn replace_with_mode<E: From<FsError>>(
     mode: u32,
     write: impl FnOnce(&mut File) -> Result<(), E>,
 ) -> Result<(), E> {
-    let dir = parent_of(path);
-    if !dir.is_dir() {
-        std::fs::create_dir_all(&dir).map_err(|e| FsError::new(&dir, "create directory", e))?;
-        // The new directory's own entry must be durable too, or the renamed file may vanish.
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    let tmp = temp_path(&dir, path);
-    let result = write_and_rename(&tmp, path, mode, write);
-    if result.is_err() {
+    let (dir, tmp) = write_temporary(path, mode, write)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
         // Best effort: the temp file is hidden and ignored by readers, so a leftover is harmless.
         let _ = std::fs::remove_file(&tmp);
+        return Err(FsError::new(path, "rename temporary file onto", e).into());
     }
-    result?;
     Ok(sync_dir(&dir)?)
 }
 
-fn write_and_rename<E: From<FsError>>(
-    tmp: &Path,
+/// What [`write_new`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// `path` did not exist and now holds the bytes, durably.
+    New,
+    /// `path` existed and was left as it was.
+    Exists,
+}
+
+/// Writes `bytes` to `path` atomically unless `path` exists, as [`write_atomically`] does
+/// otherwise. The check and the rename are one step (`renameat2` with `RENAME_NOREPLACE`), so
+/// no lookup comes before the write; where the file system refuses that flag, a lookup just
+/// before the plain rename stands in for it.
+pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<Written, FsError> {
+    let (dir, tmp) = write_temporary(path, DEFAULT_MODE, |file| {
+        file.write_all(bytes)
+            .map_err(|e| FsError::new(path, "write", e))
+    })?;
+    let renamed = match rename_no_replace(&tmp, path) {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOSYS) =>
+        {
+            match path.try_exists() {
+                Ok(true) => Err(std::io::ErrorKind::AlreadyExists.into()),
+                Ok(false) => std::fs::rename(&tmp, path),
+                Err(e) => Err(e),
+            }
+        }
+        other => other,
+    };
+    match renamed {
+        Ok(()) => {
+            sync_dir(&dir)?;
+            Ok(Written::New)
+        }
+        Err(e) => {
+            // Best effort, as in `replace_with_mode`.
+            let _ = std::fs::remove_file(&tmp);
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                Ok(Written::Exists)
+            } else {
+                Err(FsError::new(path, "rename temporary file onto", e))
+            }
+        }
+    }
+}
+
+/// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call, and `renameat2`
+    // only reads them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Writes a hidden temporary file beside `path` with `write` and fsyncs it, creating the
+/// directory (durably) when it is missing; returns the directory and the temporary file. The
+/// directory is looked for only when the creation fails for want of it, not before each write.
+fn write_temporary<E: From<FsError>>(
     path: &Path,
     mode: u32,
     write: impl FnOnce(&mut File) -> Result<(), E>,
-) -> Result<(), E> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(tmp)
-        .map_err(|e| FsError::new(tmp, "create temporary file", e))?;
-    write(&mut file)?;
-    file.sync_all()
-        .map_err(|e| FsError::new(tmp, "fsync temporary file", e))?;
+) -> Result<(PathBuf, PathBuf), E> {
+    let dir = parent_of(path);
+    let tmp = temp_path(&dir, path);
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+    };
+    let mut file = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir).map_err(|e| FsError::new(&dir, "create directory", e))?;
+            // The new directory's own entry must be durable too, or the renamed file may vanish.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+            create()
+        }
+        other => other,
+    }
+    .map_err(|e| FsError::new(&tmp, "create temporary file", e))?;
+    let written = write(&mut file).and_then(|()| {
+        file.sync_all()
+            .map_err(|e| FsError::new(&tmp, "fsync temporary file", e).into())
+    });
     drop(file);
-    std::fs::rename(tmp, path).map_err(|e| FsError::new(path, "rename temporary file onto", e))?;
-    Ok(())
+    if let Err(e) = written {
+        // Best effort, as in `replace_with_mode`.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok((dir, tmp))
 }
 
 fn parent_of(path: &Path) -> PathBuf {
@@ -148,6 +234,29 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, ["entry"]);
+    }
+
+    #[test]
+    fn a_new_file_is_written_once_and_never_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/entry");
+        assert_eq!(write_new(&path, b"one").expect("first write"), Written::New);
+        assert_eq!(
+            write_new(&path, b"two").expect("second write"),
+            Written::Exists
+        );
+        assert_eq!(std::fs::read(&path).expect("read"), b"one");
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["entry"]);
+        // Whatever holds the name is left as it is, a directory too.
+        let taken = dir.path().join("taken");
+        std::fs::create_dir(&taken).expect("mkdir");
+        assert_eq!(write_new(&taken, b"three").expect("write"), Written::Exists);
+        assert!(taken.is_dir());
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 2);
     }
 
     #[test]

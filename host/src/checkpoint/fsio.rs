@@ -20,6 +20,12 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Checkpoi
     Ok(durable::write_atomically(path, bytes)?)
 }
 
+/// As [`write_atomically`], unless `path` exists: `true` when the bytes were written, `false`
+/// when an existing file was left as it was.
+pub(super) fn write_new(path: &Path, bytes: &[u8]) -> Result<bool, CheckpointError> {
+    Ok(durable::write_new(path, bytes)? == durable::Written::New)
+}
+
 /// As [`write_atomically`], for a file only its owner may read (mode 0600).
 pub(super) fn write_private_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     Ok(durable::write_private_atomically(path, bytes)?)

@@ -103,9 +103,6 @@ impl BatchLog<'_> {
 
     /// Writes entry `n` atomically. Writing the same value again (a replayed batch) is a no-op.
     ///
-    /// The existence check and the rename are not one atomic step; that is sound because the
-    /// checkpoint lock admits one writer.
-    ///
     /// # Errors
     ///
     /// [`CheckpointError::Conflict`] naming the file when entry `n` exists with a different value,
@@ -113,6 +110,31 @@ impl BatchLog<'_> {
     /// [`MAX_BATCH_ID`] (the ids before it were altered), [`CheckpointError::Encode`] or
     /// [`CheckpointError::Io`] when the entry cannot be written.
     pub fn put<T: Serialize>(&self, n: u64, value: &T) -> Result<(), CheckpointError> {
+        self.put_bytes(n, value).map(drop)
+    }
+
+    /// As [`put`](Self::put), and returns entry `n` as [`get`](Self::get) would read it back
+    /// (parsed from the bytes on disk, which a replayed batch may have written with another key
+    /// order), without reading the file again.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put), and [`CheckpointError::Corrupt`] when the entry does not parse
+    /// as a `U`.
+    pub fn put_and_get<T: Serialize, U: DeserializeOwned>(
+        &self,
+        n: u64,
+        value: &T,
+    ) -> Result<U, CheckpointError> {
+        let bytes = self.put_bytes(n, value)?;
+        parse_entry(&self.entry_path(n), &bytes)
+    }
+
+    /// Writes entry `n` unless it exists with the same value; returns the entry's bytes.
+    ///
+    /// The existence check is the rename itself (it never replaces an entry), so a new entry
+    /// costs no lookup before it is written; the checkpoint lock admits one writer besides.
+    fn put_bytes<T: Serialize>(&self, n: u64, value: &T) -> Result<Vec<u8>, CheckpointError> {
         let path = self.entry_path(n);
         if n > MAX_BATCH_ID {
             return Err(CheckpointError::corrupt(
@@ -131,27 +153,23 @@ impl BatchLog<'_> {
             source,
         })?;
         bytes.push(b'\n');
-        match std::fs::read(&path) {
-            Ok(existing) => {
-                if existing == bytes {
-                    return Ok(());
-                }
-                // Same value with another key order (e.g. from a map) is the same entry.
-                let old: serde_json::Value = parse_entry(&path, &existing)?;
-                let new: serde_json::Value = parse_entry(&path, &bytes)?;
-                if old == new {
-                    return Ok(());
-                }
-                Err(CheckpointError::Conflict {
-                    file: path,
-                    batch: n,
-                })
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fsio::write_atomically(&path, &bytes)
-            }
-            Err(e) => Err(CheckpointError::io(&path, "read", e)),
+        if fsio::write_new(&path, &bytes)? {
+            return Ok(bytes);
         }
+        let existing = std::fs::read(&path).map_err(|e| CheckpointError::io(&path, "read", e))?;
+        if existing == bytes {
+            return Ok(existing);
+        }
+        // Same value with another key order (e.g. from a map) is the same entry.
+        let old: serde_json::Value = parse_entry(&path, &existing)?;
+        let new: serde_json::Value = parse_entry(&path, &bytes)?;
+        if old == new {
+            return Ok(existing);
+        }
+        Err(CheckpointError::Conflict {
+            file: path,
+            batch: n,
+        })
     }
 
     /// Deletes entry `n` if it exists (an entry written for a batch that was

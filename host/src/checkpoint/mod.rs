@@ -657,6 +657,46 @@ mod tests {
     }
 
     #[test]
+    fn put_and_get_returns_the_entry_as_the_log_holds_it_and_leaves_no_temporary_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(tmp.path()).unwrap();
+        let got: Entry = cp.offsets().put_and_get(5, &entry(5)).unwrap();
+        assert_eq!(got, entry(5));
+        assert_eq!(cp.offsets().get::<Entry>(5).unwrap(), Some(entry(5)));
+        // An entry that exists with the same value in another key order: the bytes on disk
+        // are what comes back, not the ones that would have been written.
+        std::fs::create_dir_all(tmp.path().join("commits")).unwrap();
+        std::fs::write(tmp.path().join("commits/7"), "v1\n{\"b\":2,\"a\":1}\n").unwrap();
+        let got: serde_json::Value = cp
+            .commits()
+            .put_and_get(7, &json!({"a": 1, "b": 2}))
+            .unwrap();
+        assert_eq!(got, json!({"a": 1, "b": 2}));
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("commits/7")).unwrap(),
+            "v1\n{\"b\":2,\"a\":1}\n"
+        );
+        let err = cp
+            .offsets()
+            .put_and_get::<_, Entry>(5, &entry(6))
+            .unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::Conflict { batch: 5, .. }),
+            "{err:?}"
+        );
+        for log in ["offsets", "commits"] {
+            let names: Vec<_> = std::fs::read_dir(tmp.path().join(log))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert!(
+                names.iter().all(|n| !n.ends_with(".tmp")),
+                "{log}: {names:?}"
+            );
+        }
+    }
+
+    #[test]
     fn put_over_a_damaged_entry_reports_the_damage() {
         let tmp = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(tmp.path()).unwrap();

@@ -515,7 +515,7 @@ fn scan_line(
     if p.peek() == Some(b'}') {
         p.i += 1;
     } else {
-        loop {
+        'fields: loop {
             if p.peek() != Some(b'"') {
                 return Err(p.err("expected a key"));
             }
@@ -542,16 +542,34 @@ fn scan_line(
                 stage(&fields[f], f, value, line, row, utf8_ok);
             }
             p.ws();
-            match p.peek() {
-                Some(b',') => {
-                    p.i += 1;
-                    p.ws();
+            // Fields that follow in schema order, written compactly, are taken here: the comma,
+            // the key and the colon in one comparison (`lead`), then the value. Anything else
+            // after a comma is a key for the general steps above.
+            loop {
+                match p.peek() {
+                    Some(b',') => {
+                        if let Some(next) = fields.get(hint)
+                            && !next.lead.is_empty()
+                            && at(line, p.i, &next.lead)
+                        {
+                            p.i += next.lead.len();
+                            p.ws();
+                            let value = p.value(0)?;
+                            stage(next, hint, value, line, row, utf8_ok);
+                            hint += 1;
+                            p.ws();
+                            continue;
+                        }
+                        p.i += 1;
+                        p.ws();
+                        break;
+                    }
+                    Some(b'}') => {
+                        p.i += 1;
+                        break 'fields;
+                    }
+                    _ => return Err(p.err("expected ',' or '}'")),
                 }
-                Some(b'}') => {
-                    p.i += 1;
-                    break;
-                }
-                _ => return Err(p.err("expected ',' or '}'")),
             }
         }
     }
@@ -568,6 +586,12 @@ fn expect_key(line: &[u8], at: usize, name: &[u8]) -> bool {
     let from = at + 1;
     let to = from + name.len();
     to < line.len() && line[to] == b'"' && key_eq(&line[from..to], name)
+}
+
+/// Whether `line[at..]` starts with `bytes`.
+#[inline(always)]
+fn at(line: &[u8], at: usize, bytes: &[u8]) -> bool {
+    line.len() >= at + bytes.len() && key_eq(&line[at..at + bytes.len()], bytes)
 }
 
 /// Finds the schema field of a key: the expected next one first, then a linear scan.

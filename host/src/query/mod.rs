@@ -881,15 +881,20 @@ impl Query {
                 recorded,
             });
         }
-        self.checkpoint
+        // The batch runs on the entry as the log holds it, parsed from the bytes written (the
+        // same as reading the file back), as a replay of it will.
+        let entry: OffsetEntry = self
+            .checkpoint
             .offsets()
-            .put(n, &self.new_entry(offsets)?)?;
+            .put_and_get(n, &self.new_entry(offsets)?)?;
         let wal_ms = millis(started.elapsed());
         Failpoint::check(self.options.failpoint().as_ref(), Phase::AfterOffsets, n);
         self.next_batch = n + 1;
-        self.run_planned(n, false, wal_ms, started)
+        self.run_entry(n, entry, false, wal_ms, started)
     }
 
+    /// Runs batch `n` from its offsets entry, read from the log: a batch planned before a
+    /// restart, or one run again.
     fn run_planned(
         &mut self,
         n: u64,
@@ -897,7 +902,6 @@ impl Query {
         wal_ms: u64,
         trigger_start: Instant,
     ) -> Result<(), QueryError> {
-        tracing::debug!(batch_id = n, replay, "starting batch {n}");
         let entry: OffsetEntry =
             self.checkpoint
                 .offsets()
@@ -906,6 +910,19 @@ impl Query {
                     batch_id: n,
                     message: "offsets entry vanished".into(),
                 })?;
+        self.run_entry(n, entry, replay, wal_ms, trigger_start)
+    }
+
+    /// Runs batch `n` planned as `entry` (as its offsets log holds it) and commits it.
+    fn run_entry(
+        &mut self,
+        n: u64,
+        entry: OffsetEntry,
+        replay: bool,
+        wal_ms: u64,
+        trigger_start: Instant,
+    ) -> Result<(), QueryError> {
+        tracing::debug!(batch_id = n, replay, "starting batch {n}");
         let since_last = self.last_trigger.map(|t| trigger_start.duration_since(t));
         self.last_trigger = Some(trigger_start);
         let mut info = BatchInfo {

@@ -144,6 +144,17 @@ fn stored_as_bytes(data_type: &DataType) -> bool {
 /// them (see [`Integers`]). Types other than the flat primitives and strings keep the
 /// dictionary.
 fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
+    // Rows at pseudo-random positions (the same on every run): evenly spaced ones would alias
+    // with periodic data, seeing `i % 500` as 500 distinct values and no repeat. The columns
+    // of a batch are equally long, so they share the positions.
+    let len = batch.num_rows() as u64;
+    let positions: Vec<usize> = if len == 0 {
+        Vec::new()
+    } else {
+        (0..SAMPLE_ROWS as u64)
+            .map(|k| (mix(k) % len) as usize)
+            .collect()
+    };
     batch
         .columns()
         .iter()
@@ -153,7 +164,7 @@ fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
                 // Small files: the dictionary costs little either way.
                 return true;
             }
-            match sample(column.as_ref()) {
+            match sample(column.as_ref(), &positions) {
                 Some(mut sample) => pays(&mut sample, rows),
                 None => true,
             }
@@ -239,13 +250,12 @@ fn hashed<'a>(rows: &[usize], value: impl Fn(usize) -> &'a [u8]) -> Vec<u64> {
     rows.iter().map(|&i| hasher.hash_one(value(i))).collect()
 }
 
-/// The sample of `column`, or `None` for a type this module leaves alone.
-fn sample(column: &dyn Array) -> Option<Sample> {
-    let len = column.len() as u64;
-    // Rows at pseudo-random positions (the same on every run): evenly spaced ones would
-    // alias with periodic data, seeing `i % 500` as 500 distinct values and no repeat.
-    let rows: Vec<usize> = (0..SAMPLE_ROWS as u64)
-        .map(|k| (mix(k) % len) as usize)
+/// The sample of `column` at `positions` (its non-null values there), or `None` for a type
+/// this module leaves alone.
+fn sample(column: &dyn Array, positions: &[usize]) -> Option<Sample> {
+    let rows: Vec<usize> = positions
+        .iter()
+        .copied()
         .filter(|&i| column.is_valid(i))
         .collect();
     // Integers: their keys, and the bits of their range at the width Parquet stores.
