@@ -89,41 +89,48 @@ pub(crate) enum Written {
 }
 
 /// Writes `bytes` to `path` atomically unless `path` exists, as [`write_atomically`] does
-/// otherwise. The check and the rename are one step (`renameat2` with `RENAME_NOREPLACE`), so
-/// no lookup comes before the write; where the file system refuses that flag, a lookup just
-/// before the plain rename stands in for it.
+/// otherwise. The check and the rename are one step (`renameat2` with `RENAME_NOREPLACE`, or a
+/// hard link where the file system refuses that flag), so no lookup comes before the write.
+/// An existing `path` is left as it is, whatever it is; its directory is synced all the same,
+/// so that an entry renamed by a process that crashed before its own sync is durable before
+/// it is relied on.
 pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<Written, FsError> {
     let (dir, tmp) = write_temporary(path, DEFAULT_MODE, |file| {
         file.write_all(bytes)
             .map_err(|e| FsError::new(path, "write", e))
     })?;
-    let renamed = match rename_no_replace(&tmp, path) {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOSYS) =>
-        {
-            match path.try_exists() {
-                Ok(true) => Err(std::io::ErrorKind::AlreadyExists.into()),
-                Ok(false) => std::fs::rename(&tmp, path),
-                Err(e) => Err(e),
-            }
-        }
-        other => other,
-    };
-    match renamed {
-        Ok(()) => {
-            sync_dir(&dir)?;
-            Ok(Written::New)
-        }
+    let written = match rename_new(&tmp, path) {
+        Ok(()) => Written::New,
         Err(e) => {
             // Best effort, as in `replace_with_mode`.
             let _ = std::fs::remove_file(&tmp);
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                Ok(Written::Exists)
-            } else {
-                Err(FsError::new(path, "rename temporary file onto", e))
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(FsError::new(path, "rename temporary file onto", e));
             }
+            Written::Exists
         }
+    };
+    sync_dir(&dir)?;
+    Ok(written)
+}
+
+/// Gives file `from` the name `to` unless `to` exists (`AlreadyExists`, and `from` stays).
+fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    match rename_no_replace(from, to) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+            link_new(from, to)
+        }
+        other => other,
     }
+}
+
+/// [`rename_new`] where `renameat2`'s flag is refused: a hard link refuses an existing name
+/// (even a dangling link) in one step, and the temporary name is removed after it. A failure
+/// to remove it leaves a hidden temporary file, which readers ignore.
+fn link_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::hard_link(from, to)?;
+    let _ = std::fs::remove_file(from);
+    Ok(())
 }
 
 /// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`.
@@ -180,7 +187,14 @@ fn write_temporary<E: From<FsError>>(
         }
         other => other,
     }
-    .map_err(|e| FsError::new(&tmp, "create temporary file", e))?;
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTDIR) {
+            // Something that is not a directory holds the directory's name.
+            FsError::new(&dir, "create a temporary file in", e)
+        } else {
+            FsError::new(&tmp, "create temporary file", e)
+        }
+    })?;
     let written = write(&mut file).and_then(|()| {
         file.sync_all()
             .map_err(|e| FsError::new(&tmp, "fsync temporary file", e).into())
@@ -257,6 +271,41 @@ mod tests {
         assert_eq!(write_new(&taken, b"three").expect("write"), Written::Exists);
         assert!(taken.is_dir());
         assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 2);
+    }
+
+    #[test]
+    fn the_link_fallback_never_replaces_a_name_a_dangling_link_included() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tmp, path) = (dir.path().join(".x.tmp"), dir.path().join("x"));
+        std::fs::write(&tmp, b"one").expect("write");
+        link_new(&tmp, &path).expect("link");
+        assert_eq!(std::fs::read(&path).expect("read"), b"one");
+        assert!(!tmp.exists(), "the temporary name is removed");
+        std::fs::write(&tmp, b"two").expect("write");
+        let err = link_new(&tmp, &path).expect_err("the name is taken");
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).expect("read"), b"one");
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).expect("symlink");
+        let err = link_new(&tmp, &dangling).expect_err("a dangling link holds the name");
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert!(
+            std::fs::symlink_metadata(&dangling)
+                .expect("lstat")
+                .is_symlink()
+        );
+    }
+
+    #[test]
+    fn a_file_where_the_directory_should_be_is_named_in_the_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let not_a_dir = dir.path().join("offsets");
+        std::fs::write(&not_a_dir, b"x").expect("write");
+        let err = write_new(&not_a_dir.join("3"), b"entry").expect_err("no directory");
+        assert_eq!(err.path, not_a_dir);
+        assert_eq!(err.action, "create a temporary file in");
+        let err = write_atomically(&not_a_dir.join("3"), b"entry").expect_err("no directory");
+        assert_eq!(err.path, not_a_dir);
     }
 
     #[test]

@@ -101,7 +101,8 @@ impl BatchLog<'_> {
         }
     }
 
-    /// Writes entry `n` atomically. Writing the same value again (a replayed batch) is a no-op.
+    /// Writes entry `n` atomically. Writing the same value again (a replayed batch) leaves the
+    /// entry as it is.
     ///
     /// # Errors
     ///
@@ -156,7 +157,14 @@ impl BatchLog<'_> {
         if fsio::write_new(&path, &bytes)? {
             return Ok(bytes);
         }
-        let existing = std::fs::read(&path).map_err(|e| CheckpointError::io(&path, "read", e))?;
+        let existing = std::fs::read(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                // The name is taken, yet nothing can be read through it: a dangling link.
+                CheckpointError::corrupt(&path, "the entry's name is held by a dangling link")
+            } else {
+                CheckpointError::io(&path, "read", e)
+            }
+        })?;
         if existing == bytes {
             return Ok(existing);
         }

@@ -550,7 +550,7 @@ fn scan_line(
                     Some(b',') => {
                         if let Some(next) = fields.get(hint)
                             && !next.lead.is_empty()
-                            && at(line, p.i, &next.lead)
+                            && starts_with_at(line, p.i, &next.lead)
                         {
                             p.i += next.lead.len();
                             p.ws();
@@ -590,7 +590,7 @@ fn expect_key(line: &[u8], at: usize, name: &[u8]) -> bool {
 
 /// Whether `line[at..]` starts with `bytes`.
 #[inline(always)]
-fn at(line: &[u8], at: usize, bytes: &[u8]) -> bool {
+fn starts_with_at(line: &[u8], at: usize, bytes: &[u8]) -> bool {
     line.len() >= at + bytes.len() && key_eq(&line[at..at + bytes.len()], bytes)
 }
 

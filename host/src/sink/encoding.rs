@@ -148,7 +148,8 @@ fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
     // with periodic data, seeing `i % 500` as 500 distinct values and no repeat. The columns
     // of a batch are equally long, so they share the positions.
     let len = batch.num_rows() as u64;
-    let positions: Vec<usize> = if len == 0 {
+    let positions: Vec<usize> = if len < 2 * SAMPLE_ROWS as u64 {
+        // Every column keeps its dictionary (below): no sample is drawn.
         Vec::new()
     } else {
         (0..SAMPLE_ROWS as u64)
