@@ -252,7 +252,7 @@ pub(crate) struct FieldSpec {
     /// `,"name":`, the bytes before this field's value when it follows the field before it in
     /// compact JSON, taken by the JSON scanner in one comparison; empty (never taken so) for a
     /// name that is not plain.
-    lead: Box<[u8]>,
+    lead: json::Lead,
     kind: Kind,
     sql: String,
 }
@@ -376,7 +376,7 @@ impl Decoder {
     #[cfg(test)]
     pub(crate) fn without_leads(&mut self) {
         for field in &mut self.fields {
-            field.lead = Box::default();
+            field.lead = json::Lead::default();
         }
     }
 
@@ -415,9 +415,9 @@ impl Decoder {
                 name: name.clone(),
                 plain_name,
                 lead: if plain_name {
-                    format!(",\"{name}\":").into_bytes().into()
+                    json::Lead::new(format!(",\"{name}\":").into_bytes())
                 } else {
-                    Box::default()
+                    json::Lead::default()
                 },
                 sql: kind.sql_name(),
                 kind,
