@@ -126,11 +126,29 @@ fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// [`rename_new`] where `renameat2`'s flag is refused: a hard link refuses an existing name
 /// (even a dangling link) in one step, and the temporary name is removed after it. A failure
-/// to remove it leaves a hidden temporary file, which readers ignore.
+/// to remove it leaves a hidden temporary file, which readers ignore. Where links are refused
+/// too (some FUSE file systems), a lookup just before a plain rename stands in: sound for the
+/// files this is used for, whose folder has one writer (the checkpoint lock).
 fn link_new(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::hard_link(from, to)?;
-    let _ = std::fs::remove_file(from);
-    Ok(())
+    match std::fs::hard_link(from, to) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(from);
+            Ok(())
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS)
+            ) =>
+        {
+            match std::fs::symlink_metadata(to) {
+                Ok(_) => Err(std::io::ErrorKind::AlreadyExists.into()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::rename(from, to),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`.
@@ -189,7 +207,8 @@ fn write_temporary<E: From<FsError>>(
     }
     .map_err(|e| {
         if e.raw_os_error() == Some(libc::ENOTDIR) {
-            // Something that is not a directory holds the directory's name.
+            // Something that is not a directory holds the name of the directory or of one
+            // of the folders above it.
             FsError::new(&dir, "create a temporary file in", e)
         } else {
             FsError::new(&tmp, "create temporary file", e)

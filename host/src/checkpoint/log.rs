@@ -133,7 +133,8 @@ impl BatchLog<'_> {
 
     /// Writes entry `n` unless it exists with the same value; returns the entry's bytes.
     ///
-    /// The existence check is the rename itself (it never replaces an entry), so a new entry
+    /// The existence check is the rename itself, or the hard link that stands in for it (it
+    /// never replaces an entry, not even a dangling link, which is reported), so a new entry
     /// costs no lookup before it is written; the checkpoint lock admits one writer besides.
     fn put_bytes<T: Serialize>(&self, n: u64, value: &T) -> Result<Vec<u8>, CheckpointError> {
         let path = self.entry_path(n);
@@ -158,8 +159,10 @@ impl BatchLog<'_> {
             return Ok(bytes);
         }
         let existing = std::fs::read(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                // The name is taken, yet nothing can be read through it: a dangling link.
+            let dangling = e.kind() == std::io::ErrorKind::NotFound
+                && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink());
+            if dangling {
+                // The name is taken, yet nothing can be read through it.
                 CheckpointError::corrupt(&path, "the entry's name is held by a dangling link")
             } else {
                 CheckpointError::io(&path, "read", e)

@@ -685,6 +685,13 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(cp.offsets().get::<Entry>(5).unwrap(), Some(entry(5)));
+        // A dangling link where an entry should be is left, and reported as corrupt.
+        let link = tmp.path().join("offsets/9");
+        std::os::unix::fs::symlink(tmp.path().join("nowhere"), &link).unwrap();
+        let err = cp.offsets().put(9, &entry(9)).unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("dangling link"), "{err}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         for log in ["offsets", "commits"] {
             let names: Vec<_> = std::fs::read_dir(tmp.path().join(log))
                 .unwrap()

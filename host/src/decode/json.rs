@@ -748,7 +748,6 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
-    /// The eight-byte digit runs agree with a byte loop on every length and position.
     #[test]
     fn a_lead_matches_exactly_its_bytes_at_every_length() {
         for name_len in 1..=20 {
@@ -758,6 +757,10 @@ mod tests {
             assert_eq!(lead.words.is_some(), (8..=16).contains(&bytes.len()));
             let line = [b"{\"x\":1".as_slice(), &bytes, b"2}"].concat();
             assert!(lead.at(&line, 6), "{name}");
+            assert!(
+                lead.at(&line[..6 + bytes.len()], 6),
+                "{name}: the line ends with it"
+            );
             assert!(!lead.at(&line, 5), "{name}");
             // Cut short, or any one byte changed: no match.
             assert!(!lead.at(&line[..6 + bytes.len() - 1], 6), "{name}");
@@ -770,6 +773,7 @@ mod tests {
         assert!(!Lead::default().at(b",", 0));
     }
 
+    /// The eight-byte digit runs agree with a byte loop on every length and position.
     #[test]
     fn digit_runs_read_every_digit() {
         let digits = b"98765432109876543210123";
