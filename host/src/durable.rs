@@ -255,6 +255,14 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
 mod tests {
     use super::*;
 
+    /// The names in `dir`.
+    fn names(dir: &Path) -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect()
+    }
+
     #[test]
     fn replaces_and_leaves_no_temporary_file() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -262,11 +270,7 @@ mod tests {
         write_atomically(&path, b"one").expect("first write");
         write_atomically(&path, b"two").expect("second write");
         assert_eq!(std::fs::read(&path).expect("read"), b"two");
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
-            .expect("list")
-            .map(|e| e.expect("entry").file_name())
-            .collect();
-        assert_eq!(names, ["entry"]);
+        assert_eq!(names(&dir.path().join("sub")), ["entry"]);
     }
 
     #[test]
@@ -279,11 +283,7 @@ mod tests {
             Written::Exists
         );
         assert_eq!(std::fs::read(&path).expect("read"), b"one");
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
-            .expect("list")
-            .map(|e| e.expect("entry").file_name())
-            .collect();
-        assert_eq!(names, ["entry"]);
+        assert_eq!(names(&dir.path().join("sub")), ["entry"]);
         // Whatever holds the name is left as it is, a directory too.
         let taken = dir.path().join("taken");
         std::fs::create_dir(&taken).expect("mkdir");
