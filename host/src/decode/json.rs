@@ -599,7 +599,9 @@ pub(super) struct Lead {
 }
 
 impl Lead {
-    pub(super) fn new(bytes: Vec<u8>) -> Self {
+    /// The lead of a field named `name`, which needs no escaping (`FieldSpec::plain_name`).
+    pub(super) fn new(name: &str) -> Self {
+        let bytes = format!(",\"{name}\":").into_bytes();
         let words = (8..=16)
             .contains(&bytes.len())
             .then(|| (load8(&bytes, 0), load8(&bytes, bytes.len() - 8)));
@@ -753,7 +755,7 @@ mod tests {
         for name_len in 1..=20 {
             let name: String = (0..name_len).map(|i| char::from(b'a' + i as u8)).collect();
             let bytes = format!(",\"{name}\":").into_bytes();
-            let lead = Lead::new(bytes.clone());
+            let lead = Lead::new(&name);
             assert_eq!(lead.words.is_some(), (8..=16).contains(&bytes.len()));
             let line = [b"{\"x\":1".as_slice(), &bytes, b"2}"].concat();
             assert!(lead.at(&line, 6), "{name}");

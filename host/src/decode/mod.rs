@@ -415,7 +415,7 @@ impl Decoder {
                 name: name.clone(),
                 plain_name,
                 lead: if plain_name {
-                    json::Lead::new(format!(",\"{name}\":").into_bytes())
+                    json::Lead::new(name)
                 } else {
                     json::Lead::default()
                 },

@@ -767,6 +767,14 @@ fn throughput_check_is_correct_on_100k_lines() {
     assert_eq!(ts(first, "occurred_at")[61], Some(MAR1 + 61_061_000));
 }
 
+/// The schema of [`mixed_file`]'s records.
+fn mixed_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+    ]))
+}
+
 /// A file of `lines` lines with blank lines, a CSV header when `csv`, and every 97th line
 /// malformed.
 fn mixed_file(lines: usize, csv: bool) -> String {
@@ -848,10 +856,7 @@ fn decode_in_pieces(
 /// line at a megabyte, where the whole file cuts a batch) and a CSV header still to skip.
 #[test]
 fn a_file_decoded_in_pieces_gives_the_batches_of_the_whole_file() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, true),
-    ]));
+    let schema = mixed_schema();
     for csv in [false, true] {
         let text = mixed_file(160_000, csv);
         let input = text.as_bytes();
@@ -912,10 +917,7 @@ fn a_file_decoded_in_pieces_gives_the_batches_of_the_whole_file() {
 
 #[test]
 fn a_file_decoded_in_parts_gives_the_batches_of_the_whole_file() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, true),
-    ]));
+    let schema = mixed_schema();
     for csv in [false, true] {
         let n = 160_000;
         let text = mixed_file(n, csv);
