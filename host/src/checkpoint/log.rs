@@ -91,14 +91,13 @@ impl BatchLog<'_> {
     /// # Errors
     ///
     /// [`CheckpointError::Corrupt`] naming the file when it is empty, truncated, of another
-    /// version, not JSON or not of type `T`; [`CheckpointError::Io`] when it cannot be read.
+    /// version, not JSON or not of type `T`, or when its name is held by a dangling link;
+    /// [`CheckpointError::Io`] when it cannot be read.
     pub fn get<T: DeserializeOwned>(&self, n: u64) -> Result<Option<T>, CheckpointError> {
         let path = self.entry_path(n);
-        match std::fs::read(&path) {
-            Ok(bytes) => parse_entry(&path, &bytes).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(CheckpointError::io(&path, "read", e)),
-        }
+        read_entry(&path)?
+            .map(|bytes| parse_entry(&path, &bytes))
+            .transpose()
     }
 
     /// Writes entry `n` atomically. Writing the same value again (a replayed batch) leaves the
@@ -158,15 +157,9 @@ impl BatchLog<'_> {
         if fsio::write_new(&path, &bytes)? {
             return Ok(bytes);
         }
-        let existing = std::fs::read(&path).map_err(|e| {
-            let dangling = e.kind() == std::io::ErrorKind::NotFound
-                && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink());
-            if dangling {
-                // The name is taken, yet nothing can be read through it.
-                CheckpointError::corrupt(&path, "the entry's name is held by a dangling link")
-            } else {
-                CheckpointError::io(&path, "read", e)
-            }
+        // The entry existed a moment ago: if it is gone now, something else removed it.
+        let existing = read_entry(&path)?.ok_or_else(|| {
+            CheckpointError::io(&path, "read", std::io::ErrorKind::NotFound.into())
         })?;
         if existing == bytes {
             return Ok(existing);
@@ -290,6 +283,26 @@ fn parse_entry_name(name: &str) -> EntryName {
     match name.parse::<u64>() {
         Ok(n) if n <= MAX_BATCH_ID => EntryName::Id(n),
         _ => EntryName::TooLarge,
+    }
+}
+
+/// The bytes of the entry at `path`, `None` when nothing holds its name. A dangling link
+/// holds the name without an entry to read through it: the listing counts it and `put`
+/// cannot write there, so it is reported as corrupt, never as a missing entry.
+fn read_entry(path: &Path) -> Result<Option<Vec<u8>>, CheckpointError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) {
+                Err(CheckpointError::corrupt(
+                    path,
+                    "the entry's name is held by a dangling link",
+                ))
+            } else {
+                Ok(None)
+            }
+        }
+        Err(e) => Err(CheckpointError::io(path, "read", e)),
     }
 }
 

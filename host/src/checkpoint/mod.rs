@@ -692,6 +692,16 @@ mod tests {
         assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
         assert!(err.to_string().contains("dangling link"), "{err}");
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        // Reading it says the same: the listing counts the name, so it is not a missing entry.
+        assert_eq!(cp.offsets().latest().unwrap(), Some(9));
+        let err = cp.offsets().get::<Entry>(9).unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("dangling link"), "{err}");
+        assert!(
+            err.to_string().contains(&link.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(cp.offsets().get::<Entry>(10).unwrap(), None);
         for log in ["offsets", "commits"] {
             let names: Vec<_> = std::fs::read_dir(tmp.path().join(log))
                 .unwrap()
