@@ -159,7 +159,11 @@ impl BatchLog<'_> {
         }
         // The entry existed a moment ago: if it is gone now, something else removed it.
         let existing = read_entry(&path)?.ok_or_else(|| {
-            CheckpointError::io(&path, "read", std::io::ErrorKind::NotFound.into())
+            CheckpointError::io(
+                &path,
+                "read",
+                std::io::Error::from_raw_os_error(libc::ENOENT),
+            )
         })?;
         if existing == bytes {
             return Ok(existing);

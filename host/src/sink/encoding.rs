@@ -144,12 +144,18 @@ fn stored_as_bytes(data_type: &DataType) -> bool {
 /// them (see [`Integers`]). Types other than the flat primitives and strings keep the
 /// dictionary.
 fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
-    // One row of each of `SAMPLE_ROWS` equal stretches of the batch, at a pseudo-random place
-    // within it (the same on every run): evenly spaced rows would alias with periodic data,
-    // seeing `i % 500` as 500 distinct values and no repeat, and rows drawn anywhere would
-    // draw some row twice, a repeat that is not in the data. In order, the rows are read
-    // front to back. The columns of a batch are equally long, so they share the positions.
-    let positions = sample_positions(batch.num_rows());
+    // Rows at pseudo-random positions (the same on every run): evenly spaced ones would alias
+    // with periodic data, seeing `i % 500` as 500 distinct values and no repeat. The columns
+    // of a batch are equally long, so they share the positions.
+    let len = batch.num_rows() as u64;
+    let positions: Vec<usize> = if len < 2 * SAMPLE_ROWS as u64 {
+        // Every column keeps its dictionary (below): no sample is drawn.
+        Vec::new()
+    } else {
+        (0..SAMPLE_ROWS as u64)
+            .map(|k| (mix(k) % len) as usize)
+            .collect()
+    };
     batch
         .columns()
         .iter()
@@ -160,23 +166,9 @@ fn dictionary_columns(batch: &RecordBatch) -> Vec<bool> {
                 return true;
             }
             match sample(column.as_ref(), &positions) {
-                Some(sample) => pays(&sample, rows),
+                Some(mut sample) => pays(&mut sample, rows),
                 None => true,
             }
-        })
-        .collect()
-}
-
-/// The rows a batch of `len` rows is sampled at (see [`dictionary_columns`]); none below
-/// twice the sample, where every column keeps its dictionary.
-fn sample_positions(len: usize) -> Vec<usize> {
-    if len < 2 * SAMPLE_ROWS {
-        return Vec::new();
-    }
-    (0..SAMPLE_ROWS)
-        .map(|k| {
-            let (from, to) = (k * len / SAMPLE_ROWS, (k + 1) * len / SAMPLE_ROWS);
-            from + (mix(k as u64) % (to - from) as u64) as usize
         })
         .collect()
 }
@@ -212,12 +204,14 @@ struct Integers {
 }
 
 /// Whether a dictionary pays for a column of `rows` non-null values with this sample.
-fn pays(sample: &Sample, rows: usize) -> bool {
-    let s = sample.keys.len();
+fn pays(sample: &mut Sample, rows: usize) -> bool {
+    let keys = &mut sample.keys;
+    let s = keys.len();
     if s < 2 {
         return true;
     }
-    let distinct = distinct(&sample.keys);
+    keys.sort_unstable();
+    let distinct = 1 + keys.windows(2).filter(|w| w[0] != w[1]).count();
     let estimated_distinct = if 2 * distinct < s {
         distinct as f64
     } else {
@@ -242,38 +236,9 @@ fn pays(sample: &Sample, rows: usize) -> bool {
     dictionary < deltas
 }
 
-/// How many distinct values `keys` holds: a table of at least twice as many slots as keys,
-/// probed in turn from each key's mixed value (no sort; the table is never full).
-fn distinct(keys: &[u64]) -> usize {
-    let slots = (2 * keys.len()).next_power_of_two();
-    let mask = slots - 1;
-    // Zero marks an empty slot, so a key of zero is counted apart.
-    let mut table = vec![0u64; slots];
-    let mut zero = false;
-    let mut count = 0;
-    for &key in keys {
-        if key == 0 {
-            zero = true;
-            continue;
-        }
-        let mut i = mix(key) as usize & mask;
-        loop {
-            match table[i] {
-                0 => {
-                    table[i] = key;
-                    count += 1;
-                    break;
-                }
-                held if held == key => break,
-                _ => i = (i + 1) & mask,
-            }
-        }
-    }
-    count + usize::from(zero)
-}
-
-/// Bits of the difference between `hi` and `lo` (0 when there are no values: `lo > hi`).
-fn range_bits(lo: i128, hi: i128) -> u32 {
+/// Bits of the difference between the largest and the smallest of `values`.
+fn range_bits(values: impl Iterator<Item = i128>) -> u32 {
+    let (lo, hi) = values.fold((i128::MAX, i128::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         return 0;
     }
@@ -296,23 +261,12 @@ fn sample(column: &dyn Array, positions: &[usize]) -> Option<Sample> {
         .collect();
     // Integers: their keys, and the bits of their range at the width Parquet stores.
     let width = integer_width(column.data_type());
-    let integers = |value: &dyn Fn(usize) -> i128| {
-        let (mut lo, mut hi) = (i128::MAX, i128::MIN);
-        let keys = rows
-            .iter()
-            .map(|&i| {
-                let v = value(i);
-                (lo, hi) = (lo.min(v), hi.max(v));
-                v as u64
-            })
-            .collect();
-        Sample {
-            keys,
-            integers: width.map(|width| Integers {
-                range_bits: range_bits(lo, hi),
-                width,
-            }),
-        }
+    let integers = |values: Vec<i128>| Sample {
+        keys: values.iter().map(|&v| v as u64).collect(),
+        integers: width.map(|width| Integers {
+            range_bits: range_bits(values.into_iter()),
+            width,
+        }),
     };
     let keys = |keys: Vec<u64>| Sample {
         keys,
@@ -321,19 +275,19 @@ fn sample(column: &dyn Array, positions: &[usize]) -> Option<Sample> {
     Some(match column.data_type() {
         DataType::Int32 => {
             let values = column.as_primitive::<Int32Type>().values();
-            integers(&|i| i128::from(values[i]))
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Int64 => {
             let values = column.as_primitive::<Int64Type>().values();
-            integers(&|i| i128::from(values[i]))
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Date32 => {
             let values = column.as_primitive::<Date32Type>().values();
-            integers(&|i| i128::from(values[i]))
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
             let values = column.as_primitive::<TimestampMicrosecondType>().values();
-            integers(&|i| i128::from(values[i]))
+            integers(rows.iter().map(|&i| i128::from(values[i])).collect())
         }
         DataType::Float64 => {
             let values = column.as_primitive::<Float64Type>().values();
@@ -341,7 +295,7 @@ fn sample(column: &dyn Array, positions: &[usize]) -> Option<Sample> {
         }
         DataType::Decimal128(precision, _) if *precision <= 18 => {
             let values = column.as_primitive::<Decimal128Type>().values();
-            integers(&|i| values[i])
+            integers(rows.iter().map(|&i| values[i]).collect())
         }
         DataType::Decimal128(_, _) => {
             let values = column.as_primitive::<Decimal128Type>().values();
@@ -404,57 +358,6 @@ mod tests {
             ],
         )
         .unwrap()
-    }
-
-    /// The probed table counts what a sort would, zero and colliding keys included.
-    #[test]
-    fn distinct_counts_every_key_once() {
-        let by_sorting = |keys: &[u64]| {
-            let mut keys = keys.to_vec();
-            keys.sort_unstable();
-            keys.dedup();
-            keys.len()
-        };
-        let sets: Vec<Vec<u64>> = vec![
-            vec![],
-            vec![0],
-            vec![0, 0, 0],
-            vec![0, 1, 0, 1],
-            vec![7; 512],
-            (0..512).collect(),
-            (0..512).map(|i| i % 3).collect(),
-            (0..512).map(|i| mix(i) % 300).collect(),
-            (0..512).map(|i| u64::MAX - i % 17).collect(),
-            // Keys whose mixed values share their low bits crowd the same slots.
-            (0..512).map(|i| i << 40).collect(),
-            (0..1000).map(|i| mix(i) % 900).collect(),
-        ];
-        for keys in sets {
-            assert_eq!(distinct(&keys), by_sorting(&keys), "{keys:?}");
-        }
-    }
-
-    /// The sampled rows: one from each stretch, in order, never the same row twice, and the
-    /// same on every run.
-    #[test]
-    fn the_sample_takes_one_row_of_each_stretch() {
-        for n in [2 * SAMPLE_ROWS, 2 * SAMPLE_ROWS + 1, 10_000, 65_537] {
-            let ids: Vec<i64> = (0..n as i64).collect();
-            let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
-            let b = batch(ids, names);
-            let sample = sample(b.column(0).as_ref(), &sample_positions(n)).unwrap();
-            assert_eq!(sample.keys.len(), SAMPLE_ROWS, "{n} rows");
-            for (k, &row) in sample.keys.iter().enumerate() {
-                let row = row as usize;
-                assert!(
-                    row >= k * n / SAMPLE_ROWS && row < (k + 1) * n / SAMPLE_ROWS,
-                    "{n}: {row}"
-                );
-            }
-            assert!(sample.keys.windows(2).all(|w| w[0] < w[1]), "{n} rows");
-            assert_eq!(sample_positions(n), sample_positions(n));
-        }
-        assert!(sample_positions(2 * SAMPLE_ROWS - 1).is_empty());
     }
 
     #[test]
